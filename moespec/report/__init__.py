@@ -1,0 +1,1 @@
+"""Figures and reports (matplotlib PNG, Markdown)."""
