@@ -8,6 +8,7 @@ import sys
 from moespec import __version__
 
 COMMANDS = {
+    "generate": "moespec.cli.generate",
     "staircase": "moespec.cli.staircase",
 }
 

@@ -1,0 +1,189 @@
+"""Models: one file per architecture (named by config.json's `model_type`), shared layers.
+
+model, tokenizer = load_model("path/to/checkpoint", dtype=torch.bfloat16)
+"""
+
+import types
+from pathlib import Path
+
+import torch
+
+from moespec.kernels import ExpertWeights
+from moespec.models import llama, mixtral, olmoe, qwen3, qwen3_moe
+from moespec.models.cache import KVCache
+from moespec.models.checkpoint import CheckpointError, TensorReader, load_experts, read_json
+from moespec.models.config import ConfigError, ModelConfig, eos_ids
+from moespec.models.layers import Attention, DenseMLP
+from moespec.models.moe import MoEBlock, RoutingSink, route
+from moespec.models.tokenizer import StreamingDetokenizer, Tokenizer
+from moespec.models.transformer import Layer, Transformer
+
+ARCHITECTURES: dict[str, types.ModuleType] = {
+    "qwen3_moe": qwen3_moe,
+    "olmoe": olmoe,
+    "mixtral": mixtral,
+    "qwen3": qwen3,
+    "llama": llama,
+}
+
+DTYPES = {
+    "bf16": torch.bfloat16,
+    "bfloat16": torch.bfloat16,
+    "fp32": torch.float32,
+    "float32": torch.float32,
+    "fp16": torch.float16,
+    "float16": torch.float16,
+}
+
+__all__ = [
+    "ARCHITECTURES",
+    "CheckpointError",
+    "ConfigError",
+    "KVCache",
+    "ModelConfig",
+    "MoEBlock",
+    "RoutingSink",
+    "StreamingDetokenizer",
+    "Tokenizer",
+    "Transformer",
+    "load_config",
+    "load_model",
+    "parse_dtype",
+    "route",
+]
+
+
+def parse_dtype(name: str | torch.dtype) -> torch.dtype:
+    if isinstance(name, torch.dtype):
+        return name
+    try:
+        return DTYPES[name]
+    except KeyError:
+        raise ValueError(f"unknown dtype {name!r}; choose bf16 or fp32") from None
+
+
+def load_config(path: str | Path) -> ModelConfig:
+    """The ModelConfig of a checkpoint directory (config.json + optional generation_config.json)."""
+    path = Path(path)
+    if not path.is_dir():
+        raise CheckpointError(f"{path} is not a checkpoint directory")
+    raw = read_json(path / "config.json")
+    model_type = raw.get("model_type")
+    if model_type not in ARCHITECTURES:
+        raise CheckpointError(
+            f"{path / 'config.json'}: model_type {model_type!r} is not supported "
+            f"(supported: {', '.join(ARCHITECTURES)})"
+        )
+    try:
+        config = ARCHITECTURES[model_type].parse_config(raw)
+    except (KeyError, TypeError, ValueError) as error:
+        raise CheckpointError(f"{path / 'config.json'}: {error}") from None
+    generation = path / "generation_config.json"
+    if generation.exists():
+        stops = eos_ids(list(config.eos_token_ids), read_json(generation).get("eos_token_id"))
+        config = _replace(config, eos_token_ids=stops)
+    if not config.name:
+        config = _replace(config, name=path.name)
+    return config
+
+
+def _replace(config: ModelConfig, **changes) -> ModelConfig:
+    import dataclasses
+
+    return dataclasses.replace(config, **changes)
+
+
+def load_model(
+    path: str | Path, dtype: str | torch.dtype = torch.bfloat16
+) -> tuple[Transformer, Tokenizer]:
+    """Load a checkpoint directory into a Transformer, with its tokenizer.
+
+    Every tensor is checked (present, float, right shape) before the model exists; an error
+    names the file and the tensor.
+    """
+    path = Path(path)
+    config = load_config(path)
+    dtype = parse_dtype(dtype)
+    layout = ARCHITECTURES[config.model_type].LAYOUT
+    tokenizer = Tokenizer(path / "tokenizer.json")
+    model = _build(config, TensorReader(path), layout, dtype)
+    return model, tokenizer
+
+
+def _build(config: ModelConfig, reader: TensorReader, layout, dtype) -> Transformer:
+    c = config
+    get = reader.get
+    embed = get("model.embed_tokens.weight", (c.vocab_size, c.hidden_size), dtype)
+    if c.tie_word_embeddings or "lm_head.weight" not in reader:
+        lm_head = embed
+    else:
+        lm_head = get("lm_head.weight", (c.vocab_size, c.hidden_size), dtype)
+    layers = [_build_layer(c, reader, layout, dtype, i) for i in range(c.num_layers)]
+    norm = get("model.norm.weight", (c.hidden_size,), dtype)
+    return Transformer(c, embed, layers, norm, lm_head, dtype)
+
+
+def _build_layer(c: ModelConfig, reader: TensorReader, layout, dtype, i: int) -> Layer:
+    get = reader.get
+    prefix = f"model.layers.{i}"
+    h, d = c.hidden_size, c.head_dim
+    q_size, kv_size = c.num_heads * d, c.num_kv_heads * d
+    attn = f"{prefix}.self_attn"
+    qkv = torch.cat(
+        [
+            get(f"{attn}.q_proj.weight", (q_size, h), dtype),
+            get(f"{attn}.k_proj.weight", (kv_size, h), dtype),
+            get(f"{attn}.v_proj.weight", (kv_size, h), dtype),
+        ]
+    )
+    qkv_bias = o_bias = None
+    if c.attention_bias:
+        qkv_bias = torch.cat(
+            [
+                get(f"{attn}.q_proj.bias", (q_size,), dtype),
+                get(f"{attn}.k_proj.bias", (kv_size,), dtype),
+                get(f"{attn}.v_proj.bias", (kv_size,), dtype),
+            ]
+        )
+        if f"{attn}.o_proj.bias" in reader:
+            o_bias = get(f"{attn}.o_proj.bias", (h,), dtype)
+    q_norm = k_norm = None
+    if c.qk_norm == "head":
+        q_norm, k_norm = (
+            get(f"{attn}.q_norm.weight", (d,), dtype),
+            get(f"{attn}.k_norm.weight", (d,), dtype),
+        )
+    elif c.qk_norm == "projection":
+        q_norm = get(f"{attn}.q_norm.weight", (q_size,), dtype)
+        k_norm = get(f"{attn}.k_norm.weight", (kv_size,), dtype)
+    attention = Attention(
+        qkv, get(f"{attn}.o_proj.weight", (h, q_size), dtype), qkv_bias, o_bias, q_norm, k_norm, c
+    )
+    if c.moe_layers[i]:
+        moe = f"{prefix}.{layout.moe_prefix}"
+        gate_up, down = load_experts(
+            reader, moe, layout, c.num_experts, h, c.moe_intermediate_size, dtype
+        )
+        mlp = MoEBlock(
+            router=get(f"{moe}.{layout.router}.weight", (c.num_experts, h), dtype),
+            experts=ExpertWeights(gate_up, down),
+            top_k=c.top_k,
+            renormalize=c.norm_topk_prob,
+        )
+    else:
+        inter = c.intermediate_size
+        mlp = DenseMLP(
+            gate_up=torch.cat(
+                [
+                    get(f"{prefix}.mlp.gate_proj.weight", (inter, h), dtype),
+                    get(f"{prefix}.mlp.up_proj.weight", (inter, h), dtype),
+                ]
+            ),
+            down=get(f"{prefix}.mlp.down_proj.weight", (h, inter), dtype),
+        )
+    return Layer(
+        input_norm=get(f"{prefix}.input_layernorm.weight", (h,), dtype),
+        attention=attention,
+        post_attention_norm=get(f"{prefix}.post_attention_layernorm.weight", (h,), dtype),
+        mlp=mlp,
+    )

@@ -1,0 +1,132 @@
+"""Reading a Hugging Face checkpoint directory: config.json, safetensors (single or sharded).
+
+Tensors are read one at a time from memory-mapped safetensors files and converted to the run's
+dtype; experts are stacked as [E, out, in] whatever the checkpoint's layout (per expert, as
+real Qwen3/OLMoE/Mixtral checkpoints and `save_pretrained` write them, or fused). Every failure
+is a `CheckpointError` naming the file and the tensor; nothing half-loaded is returned.
+"""
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from safetensors import SafetensorError, safe_open
+
+FLOAT_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+
+
+class CheckpointError(ValueError):
+    """A checkpoint directory that moespec cannot load, with the file and tensor at fault."""
+
+
+@dataclass(frozen=True)
+class WeightLayout:
+    """Where a family keeps its MoE tensors (the rest of the names are shared)."""
+
+    moe_prefix: str = "mlp"  # Mixtral: "block_sparse_moe"
+    router: str = "gate"
+    expert_projections: tuple[str, str, str] = ("gate_proj", "up_proj", "down_proj")
+
+
+def read_json(path: Path) -> dict:
+    try:
+        with open(path) as f:
+            value = json.load(f)
+    except FileNotFoundError:
+        raise CheckpointError(f"{path} does not exist") from None
+    except (json.JSONDecodeError, UnicodeDecodeError) as error:
+        raise CheckpointError(f"{path} is not valid JSON: {error}") from None
+    if not isinstance(value, dict):
+        raise CheckpointError(f"{path} must hold a JSON object")
+    return value
+
+
+class TensorReader:
+    """The tensors of a checkpoint directory, read lazily from memory-mapped safetensors files."""
+
+    def __init__(self, directory: Path):
+        self.directory = Path(directory)
+        self._handles: dict[Path, object] = {}
+        self.file_of = self._index()
+
+    def _index(self) -> dict[str, Path]:
+        index = self.directory / "model.safetensors.index.json"
+        if index.exists():
+            weight_map = read_json(index).get("weight_map")
+            if not isinstance(weight_map, dict):
+                raise CheckpointError(f"{index} has no 'weight_map' object")
+            files = {name: self.directory / shard for name, shard in weight_map.items()}
+            for path in set(files.values()):
+                if not path.exists():
+                    raise CheckpointError(f"{path} is listed in {index.name} but does not exist")
+            return files
+        single = self.directory / "model.safetensors"
+        if not single.exists():
+            raise CheckpointError(
+                f"{self.directory} has neither model.safetensors nor model.safetensors.index.json"
+            )
+        return {name: single for name in self._open(single).keys()}  # noqa: SIM118
+
+    def _open(self, path: Path):
+        if path not in self._handles:
+            try:
+                self._handles[path] = safe_open(str(path), framework="pt")
+            except (SafetensorError, OSError, ValueError) as error:
+                raise CheckpointError(
+                    f"{path} is not a readable safetensors file: {error}"
+                ) from None
+        return self._handles[path]
+
+    def __contains__(self, name: str) -> bool:
+        return name in self.file_of
+
+    def get(self, name: str, shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
+        """The tensor `name`, checked against `shape`, converted to `dtype`."""
+        if name not in self.file_of:
+            raise CheckpointError(f"tensor {name!r} is missing from {self._where()}")
+        path = self.file_of[name]
+        try:
+            tensor = self._open(path).get_tensor(name)
+        except (SafetensorError, OSError, ValueError, RuntimeError) as error:
+            raise CheckpointError(f"{path}: tensor {name!r} cannot be read: {error}") from None
+        if tensor.dtype not in FLOAT_DTYPES:
+            raise CheckpointError(
+                f"{path}: tensor {name!r} has dtype {tensor.dtype}; expected float32, "
+                "float16 or bfloat16"
+            )
+        if tuple(tensor.shape) != tuple(shape):
+            raise CheckpointError(
+                f"{path}: tensor {name!r} has shape {list(tensor.shape)}, expected {list(shape)}"
+            )
+        return tensor.to(dtype)
+
+    def _where(self) -> str:
+        files = sorted({p.name for p in self.file_of.values()})
+        return f"{self.directory} ({', '.join(files)})"
+
+
+def load_experts(
+    reader: TensorReader,
+    prefix: str,
+    layout: WeightLayout,
+    num_experts: int,
+    hidden: int,
+    inter: int,
+    dtype: torch.dtype,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(gate_up [E, 2I, H], down [E, H, I]) from per-expert or fused tensors under `prefix`."""
+    fused_gate_up = f"{prefix}.experts.gate_up_proj"
+    if fused_gate_up in reader:
+        gate_up = reader.get(fused_gate_up, (num_experts, 2 * inter, hidden), dtype)
+        down = reader.get(f"{prefix}.experts.down_proj", (num_experts, hidden, inter), dtype)
+        return gate_up, down
+    gate_name, up_name, down_name = layout.expert_projections
+    gate_up = torch.empty(num_experts, 2 * inter, hidden, dtype=dtype)
+    down = torch.empty(num_experts, hidden, inter, dtype=dtype)
+    for e in range(num_experts):
+        base = f"{prefix}.experts.{e}"
+        gate_up[e, :inter] = reader.get(f"{base}.{gate_name}.weight", (inter, hidden), dtype)
+        gate_up[e, inter:] = reader.get(f"{base}.{up_name}.weight", (inter, hidden), dtype)
+        down[e] = reader.get(f"{base}.{down_name}.weight", (hidden, inter), dtype)
+    return gate_up, down

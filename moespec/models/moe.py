@@ -1,0 +1,48 @@
+"""The MoE block: router -> (weights, ids) -> expert kernel -> combine.
+
+T = tokens of the pass (batch flattened), H = hidden, E = experts, m = experts per token.
+"""
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from moespec.kernels import ExpertWeights, get_kernel
+
+# sink(layer, expert_ids [T, m], expert_weights [T, m]): sees the routing of every pass.
+RoutingSink = Callable[[int, torch.Tensor, torch.Tensor], None]
+
+
+def route(
+    x: torch.Tensor, router: torch.Tensor, top_k: int, renormalize: bool
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Softmax over all experts (in float32), keep the top k, optionally renormalise them.
+
+    Qwen3-MoE and OLMoE renormalise when `norm_topk_prob`; Mixtral always does (top-k of the
+    logits then softmax is the same thing). Returns (weights [T, m] float32, ids [T, m]).
+    """
+    logits = F.linear(x, router)  # [T, E]
+    probs = torch.softmax(logits, dim=-1, dtype=torch.float32)
+    weights, ids = torch.topk(probs, top_k, dim=-1)
+    if renormalize:
+        weights = weights / weights.sum(dim=-1, keepdim=True)
+    return weights, ids
+
+
+@dataclass
+class MoEBlock:
+    router: torch.Tensor  # [E, H]
+    experts: ExpertWeights
+    top_k: int
+    renormalize: bool
+
+    def __call__(self, x, *, kernel: str, layer: int, sink: RoutingSink | None = None):
+        # x: [B, T, H]
+        shape = x.shape
+        flat = x.reshape(-1, shape[-1])
+        weights, ids = route(flat, self.router, self.top_k, self.renormalize)
+        if sink is not None:
+            sink(layer, ids, weights)
+        return get_kernel(kernel)(flat, ids, weights, self.experts).view(shape)

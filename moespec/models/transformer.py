@@ -1,0 +1,104 @@
+"""The decoder: embeddings -> layers (attention, then MoE block or dense MLP) -> norm -> logits.
+
+Batch size 1 is the first-class case; B > 1 works for equal-length rows sharing one cache
+length. Inference only: weights are plain tensors, forward runs under `torch.inference_mode`.
+"""
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from moespec.models.cache import KVCache
+from moespec.models.config import ModelConfig
+from moespec.models.layers import Attention, DenseMLP, Rotary, attention_mask, rms_norm
+from moespec.models.moe import MoEBlock, RoutingSink
+
+
+@dataclass
+class Layer:
+    input_norm: torch.Tensor
+    attention: Attention
+    post_attention_norm: torch.Tensor
+    mlp: MoEBlock | DenseMLP
+
+
+class Transformer:
+    def __init__(self, config: ModelConfig, embed, layers: list[Layer], norm, lm_head, dtype):
+        self.config = config
+        self.embed = embed  # [V, H]
+        self.layers = layers
+        self.norm = norm
+        self.lm_head = lm_head  # [V, H], the embeddings themselves when tied
+        self.dtype = dtype
+        self.rotary = Rotary(config)
+
+    @property
+    def moe_blocks(self) -> dict[int, MoEBlock]:
+        """{layer index: MoE block} for the MoE layers."""
+        return {
+            i: layer.mlp for i, layer in enumerate(self.layers) if isinstance(layer.mlp, MoEBlock)
+        }
+
+    def new_cache(self, batch: int = 1, capacity: int = 256) -> KVCache:
+        c = self.config
+        return KVCache(c.num_layers, batch, c.num_kv_heads, c.head_dim, self.dtype, capacity)
+
+    @torch.inference_mode()
+    def forward(
+        self,
+        tokens: torch.Tensor,
+        cache: KVCache,
+        *,
+        kernel: str = "slot",
+        all_logits: bool = False,
+        routing_sink: RoutingSink | None = None,
+    ) -> torch.Tensor:
+        """Run a pass of T tokens after the cache's positions; return float32 logits
+        [B, T, V] (all_logits) or [B, 1, V] (the last position only).
+
+        kernel: the expert kernel of every MoE layer in this pass ("slot", "dedup", ...).
+        routing_sink: called per MoE layer with the pass's expert ids and weights.
+        """
+        if tokens.dim() == 1:
+            tokens = tokens[None]
+        batch, length = tokens.shape
+        start = cache.length
+        cache.reserve(length)
+        positions = torch.arange(start, start + length)
+        cos, sin = self.rotary.tables(positions, self.dtype)
+        mask = attention_mask(start, length, self.config.sliding_window)
+        eps = self.config.rms_norm_eps
+        h = F.embedding(tokens, self.embed)  # [B, T, H]
+        for i, layer in enumerate(self.layers):
+            h = h + layer.attention(rms_norm(h, layer.input_norm, eps), i, cache, cos, sin, mask)
+            h = h + layer.mlp(
+                rms_norm(h, layer.post_attention_norm, eps),
+                kernel=kernel,
+                layer=i,
+                sink=routing_sink,
+            )
+        cache.advance(length)
+        if not all_logits:
+            h = h[:, -1:]
+        return F.linear(rms_norm(h, self.norm, eps), self.lm_head).float()
+
+    __call__ = forward
+
+    def parameter_bytes(self) -> dict[str, int]:
+        """Bytes of the weights: all experts, and the dense bytes D every pass reads once
+        (attention, norms, routers, dense MLPs, the output head; not the embedding table,
+        of which a pass reads only its tokens' rows, unless it is tied to the head)."""
+        experts = sum(
+            b.experts.gate_up.nbytes + b.experts.down.nbytes for b in self.moe_blocks.values()
+        )
+        tensors = [self.norm, self.lm_head]
+        for layer in self.layers:
+            a = layer.attention
+            tensors += [layer.input_norm, layer.post_attention_norm, a.qkv, a.o]
+            tensors += [t for t in (a.qkv_bias, a.o_bias, a.q_norm, a.k_norm) if t is not None]
+            if isinstance(layer.mlp, MoEBlock):
+                tensors.append(layer.mlp.router)
+            else:
+                tensors += [layer.mlp.gate_up, layer.mlp.down]
+        return {"experts": experts, "dense": sum(t.nbytes for t in tensors)}

@@ -1,0 +1,102 @@
+"""Tiny random checkpoints written by `transformers`' own save_pretrained, for every family."""
+
+import json
+from pathlib import Path
+
+import pytest
+
+ATTENTION = {
+    "vocab_size": 96,
+    "hidden_size": 64,
+    "num_hidden_layers": 3,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "max_position_embeddings": 512,
+    "rms_norm_eps": 1e-6,
+    "rope_theta": 10000.0,
+}
+
+FAMILIES = {
+    "qwen3_moe": dict(
+        ATTENTION,
+        head_dim=16,
+        intermediate_size=96,
+        moe_intermediate_size=32,
+        num_experts=8,
+        num_experts_per_tok=2,
+        norm_topk_prob=True,
+        mlp_only_layers=[1],
+        decoder_sparse_step=1,
+        tie_word_embeddings=False,
+    ),
+    "olmoe": dict(
+        ATTENTION,
+        intermediate_size=32,
+        num_experts=8,
+        num_experts_per_tok=2,
+        norm_topk_prob=False,
+        clip_qkv=8.0,
+    ),
+    "mixtral": dict(
+        ATTENTION,
+        intermediate_size=32,
+        num_local_experts=8,
+        num_experts_per_tok=2,
+        sliding_window=None,
+    ),
+    "qwen3": dict(ATTENTION, head_dim=16, intermediate_size=96, tie_word_embeddings=True),
+    "llama": dict(
+        ATTENTION,
+        intermediate_size=96,
+        tie_word_embeddings=False,
+        rope_scaling={
+            "rope_type": "llama3",
+            "factor": 8.0,
+            "low_freq_factor": 1.0,
+            "high_freq_factor": 4.0,
+            "original_max_position_embeddings": 64,
+        },
+    ),
+}
+
+MOE_FAMILIES = ["qwen3_moe", "olmoe", "mixtral"]
+
+
+def hf_model(model_type: str, seed: int = 0, **overrides):
+    """A random `transformers` model of the family, in float32 and eval mode."""
+    transformers = pytest.importorskip("transformers")
+    import torch
+
+    config = transformers.AutoConfig.for_model(model_type, **{**FAMILIES[model_type], **overrides})
+    torch.manual_seed(seed)
+    model = transformers.AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    with torch.no_grad():  # routers start at zero in some families: give them real logits
+        for name, param in model.named_parameters():
+            if name.endswith(("gate.weight", "router.weight")) and param.dim() == 2:
+                param.normal_(0, 0.5)
+    return model.eval()
+
+
+def write_tokenizer(directory: Path, vocab_size: int) -> None:
+    """A word-level tokenizer.json over `vocab_size` tokens (ids are what the tests use)."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+
+    vocab = {f"w{i}": i for i in range(vocab_size - 1)}
+    vocab["<unk>"] = vocab_size - 1
+    tokenizer = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
+    tokenizer.pre_tokenizer = pre_tokenizers.Whitespace()
+    tokenizer.save(str(directory / "tokenizer.json"))
+
+
+def save_checkpoint(model, directory: Path, **save_kwargs) -> Path:
+    directory.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(directory, **save_kwargs)
+    write_tokenizer(directory, model.config.vocab_size)
+    return directory
+
+
+def edit_config(directory: Path, **changes) -> None:
+    path = directory / "config.json"
+    config = json.loads(path.read_text())
+    config.update(changes)
+    path.write_text(json.dumps(config))

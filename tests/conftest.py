@@ -1,0 +1,23 @@
+import pytest
+
+from tests.checkpoints import FAMILIES, hf_model, save_checkpoint
+
+
+@pytest.fixture(scope="session")
+def checkpoint_dir(tmp_path_factory):
+    """checkpoint_dir(family) -> (directory, transformers model): written once per session."""
+    cache = {}
+
+    def make(family: str):
+        if family not in cache:
+            model = hf_model(family)
+            directory = save_checkpoint(model, tmp_path_factory.mktemp(family))
+            cache[family] = (directory, model)
+        return cache[family]
+
+    return make
+
+
+@pytest.fixture(params=sorted(FAMILIES))
+def family(request):
+    return request.param

@@ -1,0 +1,51 @@
+"""The `moespec generate` command on a tiny checkpoint."""
+
+import json
+
+from moespec.cli import main
+
+
+def test_json_contract(checkpoint_dir, capsys):
+    directory, _ = checkpoint_dir("qwen3_moe")
+    code = main(
+        [
+            "generate",
+            "--model",
+            str(directory),
+            "w1 w2 w3",
+            "--max-tokens",
+            "4",
+            "--dtype",
+            "fp32",
+            "--json",
+        ]
+    )
+    out = capsys.readouterr().out
+    assert code == 0
+    result = json.loads(out)
+    assert result["prompt_tokens"] == [1, 2, 3]
+    assert len(result["tokens"]) == 4
+    assert result["text"] == " ".join(f"w{t}" for t in result["tokens"])
+    assert result["tokens_per_second"] > 0
+    assert [s["phase"] for s in result["steps"]] == ["prefill"] + ["decode"] * 3
+
+
+def test_streams_text_and_reports_on_stderr(checkpoint_dir, capsys):
+    directory, _ = checkpoint_dir("mixtral")
+    assert main(["generate", "--model", str(directory), "w5 w6", "--max-tokens", "3"]) == 0
+    captured = capsys.readouterr()
+    assert captured.out.count("w") == 3
+    assert "tokens/s" in captured.err
+
+
+def test_bad_model_directory_is_one_line_and_exit_2(tmp_path, capsys):
+    code = main(["generate", "--model", str(tmp_path / "none"), "hello"])
+    err = capsys.readouterr().err
+    assert code == 2 and "is not a checkpoint directory" in err and err.count("\n") == 1
+
+
+def test_bad_numbers_exit_2(checkpoint_dir, capsys):
+    directory, _ = checkpoint_dir("qwen3_moe")
+    assert main(["generate", "--model", str(directory), "w1", "--max-tokens", "0"]) == 2
+    assert main(["generate", "--model", str(directory), "w1", "--temperature", "-1"]) == 2
+    assert main(["generate", "--model", str(directory), "w1", "--crossover", "0"]) == 2

@@ -1,0 +1,95 @@
+"""The decode loop, sampling, kernel policy and streamed text."""
+
+import pytest
+import torch
+
+from moespec.decoding import KernelPolicy, Sampler, generate, summarize
+from moespec.models import StreamingDetokenizer, Tokenizer, load_model
+
+
+@pytest.fixture
+def model(checkpoint_dir):
+    directory, _ = checkpoint_dir("qwen3_moe")
+    return load_model(directory, dtype="fp32")[0]
+
+
+def test_records_cover_prefill_then_one_token_per_step(model):
+    records = list(generate(model, [1, 2, 3], max_tokens=5))
+    assert [r.phase for r in records] == ["prefill"] + ["decode"] * 4
+    assert records[0].n_tokens == 3 and all(r.n_tokens == 1 for r in records[1:])
+    assert all(len(r.tokens) == 1 for r in records)
+    assert records[-1].finish_reason == "length" and all(
+        r.finish_reason is None for r in records[:-1]
+    )
+    assert summarize(records)["generated_tokens"] == 5
+
+
+def test_stop_token_ends_generation_and_is_not_emitted(model):
+    free = [t for r in generate(model, [1, 2, 3], max_tokens=6) for t in r.tokens]
+    stop = free[2]
+    records = list(generate(model, [1, 2, 3], max_tokens=6, stop_tokens=[stop]))
+    tokens = [t for r in records for t in r.tokens]
+    assert tokens == free[: free.index(stop)]
+    assert records[-1].finish_reason == "stop"
+
+
+def test_kernel_choice_does_not_change_greedy_tokens(model):
+    runs = {
+        k: [
+            t
+            for r in generate(model, [5, 6, 7], max_tokens=8, kernels=KernelPolicy(k))
+            for t in r.tokens
+        ]
+        for k in ("slot", "dedup", "reference")
+    }
+    assert runs["slot"] == runs["dedup"] == runs["reference"]
+
+
+def test_sampling_is_reproducible_by_seed(model):
+    def tokens(seed):
+        sampler = Sampler(temperature=1.0, seed=seed)
+        return [
+            t for r in generate(model, [1, 2], max_tokens=12, sampler=sampler) for t in r.tokens
+        ]
+
+    assert tokens(3) == tokens(3)
+    assert tokens(3) != tokens(4)
+
+
+def test_kernel_policy_switches_at_the_crossover():
+    policy = KernelPolicy("auto", crossover=4)
+    assert [policy.for_pass(n) for n in (1, 2, 3, 4, 9)] == ["slot"] * 3 + ["dedup"] * 2
+    assert KernelPolicy("auto").for_pass(9) == "slot"  # no crossover known: never switch
+    assert KernelPolicy("slot").for_prefill() == "dedup"
+    with pytest.raises(ValueError, match="unknown kernel 'fast'"):
+        KernelPolicy("fast")
+
+
+def test_greedy_sampler_takes_the_argmax_and_top_p_truncates():
+    logits = torch.tensor([0.1, 3.0, 2.9, -1.0])
+    assert Sampler().sample(logits) == 1
+    probs = Sampler(temperature=1.0, top_p=0.5).probabilities(logits)
+    assert probs[1] == 1.0 and probs.sum() == 1.0  # the top token alone already holds >= 0.5
+    wide = Sampler(temperature=1.0, top_p=0.9).probabilities(logits)
+    assert (wide > 0).tolist() == [False, True, True, False]
+
+
+def test_streamed_text_never_splits_a_character(tmp_path):
+    from tokenizers import Tokenizer as HFTokenizer
+    from tokenizers import decoders, models, pre_tokenizers, trainers
+
+    raw = HFTokenizer(models.BPE())
+    raw.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    raw.decoder = decoders.ByteLevel()
+    raw.train_from_iterator(
+        ["plain ascii text"] * 5,
+        trainers.BpeTrainer(vocab_size=300, initial_alphabet=pre_tokenizers.ByteLevel.alphabet()),
+    )
+    raw.save(str(tmp_path / "tokenizer.json"))
+    tokenizer = Tokenizer(tmp_path / "tokenizer.json")
+    text = "naïve café — 東京"
+    ids = tokenizer.encode(text)
+    stream = StreamingDetokenizer(tokenizer)
+    pieces = [stream.add([i]) for i in ids] + [stream.flush()]
+    assert "".join(pieces) == text
+    assert not any("\ufffd" in p for p in pieces)
