@@ -49,3 +49,96 @@ def test_bad_numbers_exit_2(checkpoint_dir, capsys):
     assert main(["generate", "--model", str(directory), "w1", "--max-tokens", "0"]) == 2
     assert main(["generate", "--model", str(directory), "w1", "--temperature", "-1"]) == 2
     assert main(["generate", "--model", str(directory), "w1", "--crossover", "0"]) == 2
+
+
+def test_speculative_json_reports_drafts_and_plain_speedup(checkpoint_dir, capsys):
+    directory, _ = checkpoint_dir("qwen3_moe")
+    code = main(
+        [
+            "generate",
+            "--model",
+            str(directory),
+            "w1 w2 w3 w1 w2",
+            "--max-tokens",
+            "12",
+            "--dtype",
+            "fp32",
+            "--draft",
+            "oracle:0.8",
+            "--draft-length",
+            "3",
+            "--compare-plain",
+            "--json",
+        ]
+    )
+    result = json.loads(capsys.readouterr().out)
+    assert code == 0
+    assert result["same_tokens_as_plain"] is True
+    assert result["speedup"] > 0 and result["plain_tokens_per_second"] > 0
+    decode = [s for s in result["steps"] if s["phase"] == "decode"]
+    assert decode[0]["draft_length"] == 3  # later steps are capped by the token budget
+    assert all(s["draft_length"] <= 3 for s in decode)
+    assert all(s["n_tokens"] == s["drafted"] + 1 for s in decode)
+
+
+def test_draft_model_directory_and_lookup(checkpoint_dir, capsys):
+    target, _ = checkpoint_dir("qwen3_moe")
+    draft, _ = checkpoint_dir("qwen3")
+    for spec in (str(draft), "lookup"):
+        assert (
+            main(
+                [
+                    "generate",
+                    "--model",
+                    str(target),
+                    "w1 w2 w1",
+                    "--max-tokens",
+                    "6",
+                    "--draft",
+                    spec,
+                ]
+            )
+            == 0
+        )
+        assert "accepted drafts/step" in capsys.readouterr().err
+
+
+def test_bad_draft_specs_exit_2(checkpoint_dir, capsys):
+    directory, _ = checkpoint_dir("qwen3_moe")
+    for spec, message in [
+        ("oracle:x", "oracle:A"),
+        ("oracle:1.5", "in [0, 1]"),
+        ("/nowhere", "neither a checkpoint directory"),
+    ]:
+        assert main(["generate", "--model", str(directory), "w1", "--draft", spec]) == 2
+        assert message in capsys.readouterr().err
+    assert (
+        main(
+            [
+                "generate",
+                "--model",
+                str(directory),
+                "w1",
+                "--draft",
+                "lookup",
+                "--draft-length",
+                "-1",
+            ]
+        )
+        == 2
+    )
+    assert (
+        main(
+            [
+                "generate",
+                "--model",
+                str(directory),
+                "w1",
+                "--draft",
+                "oracle:0.5",
+                "--temperature",
+                "1",
+            ]
+        )
+        == 2
+    )

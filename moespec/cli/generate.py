@@ -1,22 +1,48 @@
-"""Generate text with an MoE model, streaming it as it is decoded.
+"""Generate text with an MoE model, streaming it as it is decoded, optionally speculating.
 
 Loads a Hugging Face checkpoint directory (config.json, *.safetensors, tokenizer.json) and
 decodes at batch size 1. The expert kernel of each pass is chosen by --kernel: "slot"
 (per-slot), "dedup" (deduplicating), or "auto" (per-slot below --crossover, deduplicating
-from it). Temperature 0 is greedy.
+from it). With --draft, each step drafts k tokens and verifies them in one pass of k + 1:
+--draft-length K fixes k; "auto" takes k*(a) from the cost model, with the acceptance a
+estimated online and the step times V(k) measured online. Temperature 0 is greedy.
 """
 
 import argparse
 import json
 import sys
 
-HELP = "generate text (streamed), with the expert kernel chosen per pass"
+HELP = "generate text (streamed), speculating with a draft, the kernel chosen per pass"
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("prompt", help="the prompt text")
     parser.add_argument("--model", required=True, metavar="DIR", help="checkpoint directory")
     parser.add_argument("--max-tokens", type=int, default=128, metavar="N")
+    parser.add_argument(
+        "--draft",
+        metavar="DIR|oracle:A|lookup",
+        help="draft: a checkpoint sharing the tokenizer, the oracle at acceptance A, or "
+        "prompt lookup (default: no speculation)",
+    )
+    parser.add_argument(
+        "--draft-length",
+        default="auto",
+        metavar="K|auto",
+        help="tokens drafted per step (default: auto, from the cost model)",
+    )
+    parser.add_argument(
+        "--max-draft-length",
+        type=int,
+        default=8,
+        metavar="K",
+        help="k_max for --draft-length auto (default 8)",
+    )
+    parser.add_argument(
+        "--compare-plain",
+        action="store_true",
+        help="also decode without speculation and report the speedup",
+    )
     parser.add_argument(
         "--kernel",
         default="auto",
@@ -33,14 +59,30 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--json", action="store_true", help="print one JSON object at the end")
 
 
+def parse_draft_length(text: str) -> int | str:
+    if text == "auto":
+        return "auto"
+    try:
+        value = int(text)
+    except ValueError:
+        raise ValueError(
+            f"--draft-length must be an integer >= 0 or 'auto', got {text!r}"
+        ) from None
+    if value < 0:
+        raise ValueError(f"--draft-length must be >= 0, got {value}")
+    return value
+
+
 def run(args: argparse.Namespace) -> int:
     import torch
 
-    from moespec.decoding import KernelPolicy, Sampler, generate, summarize
+    from moespec.decoding import DraftLengthPolicy, KernelPolicy, Sampler, generate, summarize
+    from moespec.decoding.setup import build_drafter
     from moespec.models import StreamingDetokenizer, load_model
 
     if args.max_tokens < 1:
         raise ValueError(f"--max-tokens must be >= 1, got {args.max_tokens}")
+    draft_length = parse_draft_length(args.draft_length)
     kernels = KernelPolicy(args.kernel, args.crossover)
     sampler = Sampler(args.temperature, args.top_p, args.seed)
     torch.manual_seed(args.seed)
@@ -48,6 +90,37 @@ def run(args: argparse.Namespace) -> int:
     prompt = tokenizer.encode(args.prompt)
     if not prompt:
         raise ValueError("the prompt encodes to no tokens")
+    stops = model.config.eos_token_ids
+
+    plain = None
+    if args.compare_plain or (args.draft or "").startswith("oracle"):
+        list(generate(model, prompt, max_tokens=2, kernels=kernels))  # warm-up, untimed
+        plain = list(
+            generate(
+                model,
+                prompt,
+                max_tokens=args.max_tokens,
+                sampler=Sampler(args.temperature, args.top_p, args.seed),
+                kernels=kernels,
+                stop_tokens=stops,
+            )
+        )
+    drafter = policy = None
+    if args.draft:
+        reference = [t for r in plain for t in r.tokens] if plain and sampler.greedy else None
+        drafter = build_drafter(
+            args.draft,
+            target=model,
+            tokenizer=tokenizer,
+            sampler=sampler,
+            prompt=prompt,
+            max_tokens=args.max_tokens,
+            dtype=args.dtype,
+            reference=reference,
+            seed=args.seed,
+        )
+        policy = DraftLengthPolicy(draft_length, max_draft_length=args.max_draft_length)
+
     stream = StreamingDetokenizer(tokenizer)
     records = []
     for record in generate(
@@ -56,7 +129,9 @@ def run(args: argparse.Namespace) -> int:
         max_tokens=args.max_tokens,
         sampler=sampler,
         kernels=kernels,
-        stop_tokens=model.config.eos_token_ids,
+        drafter=drafter,
+        draft_policy=policy,
+        stop_tokens=stops,
     ):
         records.append(record)
         piece = stream.add(record.tokens)
@@ -64,11 +139,18 @@ def run(args: argparse.Namespace) -> int:
             print(piece, end="", flush=True)
     tokens = [t for r in records for t in r.tokens]
     summary = summarize(records)
+    if plain is not None and args.compare_plain:
+        plain_summary = summarize(plain)
+        summary["plain_tokens_per_second"] = plain_summary["tokens_per_second"]
+        if summary["tokens_per_second"] and plain_summary["tokens_per_second"]:
+            summary["speedup"] = summary["tokens_per_second"] / plain_summary["tokens_per_second"]
+        summary["same_tokens_as_plain"] = tokens == [t for r in plain for t in r.tokens]
     if args.json:
         print(
             json.dumps(
                 {
                     "model": str(args.model),
+                    "draft": args.draft,
                     "prompt": args.prompt,
                     "prompt_tokens": prompt,
                     "tokens": tokens,
@@ -80,11 +162,18 @@ def run(args: argparse.Namespace) -> int:
         )
     else:
         print(stream.flush())
-        rate = summary["tokens_per_second"]
-        rate_text = f"{rate:.1f} tokens/s" if rate else "n/a tokens/s"
-        print(
-            f"[{len(tokens)} tokens, {rate_text} decode, prompt {len(prompt)} tokens in "
-            f"{summary['prefill_seconds']:.2f} s]",
-            file=sys.stderr,
-        )
+        print(format_summary(summary, len(tokens), len(prompt), bool(args.draft)), file=sys.stderr)
     return 0
+
+
+def format_summary(summary: dict, generated: int, prompt: int, speculative: bool) -> str:
+    rate = summary["tokens_per_second"]
+    parts = [f"{generated} tokens", f"{rate:.1f} tokens/s" if rate else "n/a tokens/s"]
+    if speculative and summary["mean_accepted_per_step"] is not None:
+        parts.append(f"{summary['mean_accepted_per_step']:.2f} accepted drafts/step")
+    if "speedup" in summary:
+        parts.append(
+            f"{summary['speedup']:.2f}x plain ({summary['plain_tokens_per_second']:.1f} tokens/s)"
+        )
+    parts.append(f"prompt {prompt} tokens in {summary['prefill_seconds']:.2f} s")
+    return "[" + ", ".join(parts) + "]"

@@ -11,8 +11,11 @@ from dataclasses import asdict, dataclass
 
 import torch
 
+from moespec.decoding.draft_policy import DraftLengthPolicy
+from moespec.decoding.drafters import Draft, Drafter
 from moespec.decoding.kernel_policy import KernelPolicy
 from moespec.decoding.sampling import Sampler
+from moespec.decoding.verify import verify
 from moespec.models import RoutingSink, Transformer
 
 PREFILL_CHUNK = 512
@@ -69,39 +72,84 @@ def generate(
     max_tokens: int,
     sampler: Sampler | None = None,
     kernels: KernelPolicy | None = None,
+    drafter: Drafter | None = None,
+    draft_policy: DraftLengthPolicy | None = None,
     stop_tokens: Sequence[int] = (),
     routing_sink: RoutingSink | None = None,
 ) -> Iterator[StepRecord]:
-    """Plain decoding: yields a prefill record (with the first token), then one per token."""
+    """Decode, yielding a prefill record (with the first token), then one record per step.
+
+    Without a drafter every step is one pass of one token (plain decoding). With one, a step
+    drafts k = draft_policy.choose() tokens, verifies them with the current token in one target
+    pass of k + 1 tokens, emits the accepted drafts plus one target token, and rolls the
+    target's cache back past the rejected drafts.
+    """
     if max_tokens < 1:
         raise ValueError(f"max_tokens must be >= 1, got {max_tokens}")
     sampler = sampler or Sampler()
     kernels = kernels or KernelPolicy()
+    if drafter is not None and draft_policy is None:
+        draft_policy = DraftLengthPolicy("auto")
     stops = set(stop_tokens)
     cache = model.new_cache(capacity=len(prompt) + max_tokens + 1)
 
     start = time.perf_counter()
     kernel = kernels.for_prefill()
-    token = sampler.sample(prefill(model, prompt, cache, kernel, routing_sink))
-    emitted = 0
-    phase, n_tokens = "prefill", len(prompt)
+    first = sampler.sample(prefill(model, prompt, cache, kernel, routing_sink))
+    context = list(prompt) + [first]  # the cache holds all but the last token
+    record = StepRecord("prefill", [first], len(prompt), kernel, 0.0)
+    emitted = 1
     while True:
-        finish = "stop" if token in stops else "length" if emitted + 1 >= max_tokens else None
-        yield StepRecord(
-            phase=phase,
-            tokens=[] if token in stops else [token],
-            n_tokens=n_tokens,
-            kernel=kernel,
-            seconds=time.perf_counter() - start,
-            finish_reason=finish,
-        )
-        if finish:
+        # Truncate at a stop token or the token budget; the record closes the step.
+        for i, token in enumerate(record.tokens):
+            if token in stops:
+                record.tokens, record.finish_reason = record.tokens[:i], "stop"
+                break
+        if record.finish_reason is None and emitted >= max_tokens:
+            record.finish_reason = "length"
+        record.seconds = time.perf_counter() - start
+        yield record
+        if record.finish_reason:
             return
-        emitted += 1
+
         start = time.perf_counter()
-        phase, n_tokens, kernel = "decode", 1, kernels.for_pass(1)
-        logits = model(torch.tensor([token]), cache, kernel=kernel, routing_sink=routing_sink)
-        token = sampler.sample(logits[0, -1])
+        k = 0
+        if drafter is not None:
+            k = min(draft_policy.choose(), max_tokens - emitted - 1)
+        draft = drafter.propose(context, k) if k > 0 else Draft([])
+        drafted = len(draft.tokens)
+        verify_start = time.perf_counter()
+        kernel = kernels.for_pass(drafted + 1)
+        logits = model(
+            torch.tensor(context[-1:] + draft.tokens),
+            cache,
+            kernel=kernel,
+            all_logits=True,
+            routing_sink=routing_sink,
+        )[0]
+        accepted, tokens = verify(draft.tokens, logits, sampler, draft.probs)
+        cache.rollback(len(context) + accepted)
+        verify_seconds = time.perf_counter() - verify_start
+        if draft_policy is not None:
+            draft_policy.observe(k, drafted, accepted, verify_seconds, verify_start - start)
+        tokens = tokens[: max_tokens - emitted]
+        context.extend(tokens)
+        emitted += len(tokens)
+        record = StepRecord(
+            phase="decode",
+            tokens=tokens,
+            n_tokens=drafted + 1,
+            kernel=kernel,
+            seconds=0.0,
+            drafted=drafted,
+            accepted=accepted,
+            draft_length=k,
+            acceptance_estimate=(
+                draft_policy.acceptance_estimate if draft_policy is not None else None
+            ),
+            draft_seconds=verify_start - start,
+            verify_seconds=verify_seconds,
+        )
 
 
 def summarize(records: Sequence[StepRecord]) -> dict:
@@ -110,9 +158,16 @@ def summarize(records: Sequence[StepRecord]) -> dict:
     decode_tokens = sum(len(r.tokens) for r in decode)
     decode_seconds = sum(r.seconds for r in decode)
     prefill_records = [r for r in records if r.phase == "prefill"]
+    drafted = sum(r.drafted for r in decode)
     return {
         "generated_tokens": sum(len(r.tokens) for r in records),
         "decode_steps": len(decode),
+        "drafted": drafted,
+        "accepted": sum(r.accepted for r in decode),
+        "mean_accepted_per_step": (
+            sum(r.accepted for r in decode) / len(decode) if decode else None
+        ),
+        "mean_tokens_per_step": decode_tokens / len(decode) if decode else None,
         "prefill_seconds": sum(r.seconds for r in prefill_records),
         "decode_seconds": decode_seconds,
         "tokens_per_second": decode_tokens / decode_seconds if decode_seconds > 0 else None,

@@ -1,0 +1,142 @@
+"""How many tokens to draft: a fixed K, or k*(a_hat) from the cost model on measured step times.
+
+auto: the acceptance a_hat is a running estimate of the geometric rate (a Beta prior, updated
+per drafted position with exponential forgetting), and the step times V(k) = tau(k+1) + h(k)
+come from a plan file or are measured online per pass size (running medians, linear
+interpolation between measured pass sizes). k = best_draft_length(V, a_hat), seed 000 §3.3.
+"""
+
+import statistics
+from collections import defaultdict, deque
+
+from moespec.costmodel import best_draft_length
+
+
+class RunningMedians:
+    """Median of the last `window` samples per key, with linear interpolation between keys."""
+
+    def __init__(self, window: int = 16):
+        self.samples = defaultdict(lambda: deque(maxlen=window))
+
+    def add(self, key: int, value: float) -> None:
+        self.samples[key].append(value)
+
+    def known(self) -> dict[int, float]:
+        return {k: statistics.median(v) for k, v in sorted(self.samples.items())}
+
+    def estimate(self, key: int, anchor: tuple[int, float] | None = None) -> float | None:
+        """The median at `key`, else interpolated (or extrapolated) linearly from known keys.
+
+        anchor: an extra known point (e.g. h(0) = 0) used only for interpolation.
+        """
+        points = self.known()
+        if anchor is not None:
+            points.setdefault(anchor[0], anchor[1])
+        if key in points:
+            return points[key]
+        keys = sorted(points)
+        if len(keys) < 2:
+            return None
+        below = [k for k in keys if k < key]
+        above = [k for k in keys if k > key]
+        if below and above:
+            lo, hi = below[-1], above[0]
+        elif below:
+            lo, hi = below[-2], below[-1]
+        else:
+            lo, hi = above[0], above[1]
+        slope = (points[hi] - points[lo]) / (hi - lo)
+        return max(points[lo] + slope * (key - lo), 0.0)
+
+
+class DraftLengthPolicy:
+    """`choose()` the next draft length; `observe(...)` each step's outcome.
+
+    draft_length: an int (fixed) or "auto". max_draft_length: k_max for auto.
+    step_times: V(0..k_max) from a plan; None to measure online.
+    prior: (accepted, rejected) pseudo-counts of the Beta prior on the acceptance.
+    forgetting: weight kept by past observations per step (1.0 = never forget).
+    probe_interval: under auto, after this many steps at k = 0 draft one token once, so the
+    acceptance estimate can recover.
+    """
+
+    def __init__(
+        self,
+        draft_length: int | str = "auto",
+        *,
+        max_draft_length: int = 8,
+        step_times: list[float] | None = None,
+        prior: tuple[float, float] = (2.0, 2.0),
+        forgetting: float = 0.98,
+        probe_interval: int = 16,
+        window: int = 16,
+    ):
+        if draft_length != "auto" and (not isinstance(draft_length, int) or draft_length < 0):
+            raise ValueError(
+                f"draft length must be 'auto' or an integer >= 0, got {draft_length!r}"
+            )
+        if max_draft_length < 0:
+            raise ValueError(f"max draft length must be >= 0, got {max_draft_length}")
+        if step_times is not None:
+            if len(step_times) < 1 or any(not v > 0 for v in step_times):
+                raise ValueError("plan step times must be positive, V(0) first")
+            max_draft_length = min(max_draft_length, len(step_times) - 1)
+        self.fixed = None if draft_length == "auto" else draft_length
+        self.max_draft_length = max_draft_length
+        self.plan_step_times = step_times
+        self.accepted, self.rejected = prior
+        self.forgetting = forgetting
+        self.probe_interval = probe_interval
+        self.verify_times = RunningMedians(window)  # by pass size n
+        self.draft_times = RunningMedians(window)  # by draft length k
+        self.steps = 0
+        self.plain_streak = 0
+
+    @property
+    def acceptance_estimate(self) -> float:
+        """Posterior mean of the geometric acceptance rate."""
+        return self.accepted / (self.accepted + self.rejected)
+
+    def step_times(self) -> list[float] | None:
+        """V(0..k_max): from the plan, or measured (None until two pass sizes are measured)."""
+        if self.plan_step_times is not None:
+            return list(self.plan_step_times[: self.max_draft_length + 1])
+        table = []
+        for k in range(self.max_draft_length + 1):
+            verify = self.verify_times.estimate(k + 1)
+            draft = self.draft_times.estimate(k, anchor=(0, 0.0)) or 0.0
+            if verify is None:
+                return None
+            table.append(max(verify + draft, 1e-9))
+        return table
+
+    def choose(self) -> int:
+        if self.fixed is not None:
+            return self.fixed
+        if self.max_draft_length == 0:
+            return 0
+        table = self.step_times()
+        if table is None:  # warm-up: measure a plain step, then the longest draft
+            return 0 if 1 not in self.verify_times.known() else self.max_draft_length
+        if self.plain_streak >= self.probe_interval:
+            return 1
+        return best_draft_length(table, min(self.acceptance_estimate, 0.999))
+
+    def observe(
+        self,
+        draft_length: int,
+        drafted: int,
+        accepted: int,
+        verify_seconds: float,
+        draft_seconds: float,
+    ) -> None:
+        """Record a step: `drafted` tokens proposed (<= draft_length), `accepted` of them."""
+        self.steps += 1
+        self.plain_streak = self.plain_streak + 1 if drafted == 0 else 0
+        self.verify_times.add(drafted + 1, verify_seconds)
+        if drafted:
+            self.draft_times.add(drafted, draft_seconds)
+            # Geometric acceptance: `accepted` successes, then one failure unless all passed.
+            rejected = 1 if accepted < drafted else 0
+            self.accepted = self.accepted * self.forgetting + accepted
+            self.rejected = self.rejected * self.forgetting + rejected
