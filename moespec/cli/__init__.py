@@ -9,7 +9,12 @@ from moespec import __version__
 
 COMMANDS = {
     "generate": "moespec.cli.generate",
+    "plan": "moespec.cli.plan",
     "staircase": "moespec.cli.staircase",
+    "simulate": "moespec.cli.simulate",
+    "trace": "moespec.cli.trace",
+    "reuse": "moespec.cli.reuse",
+    "synth-trace": "moespec.cli.synth_trace",
 }
 
 

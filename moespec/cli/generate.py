@@ -52,6 +52,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--crossover", type=int, metavar="N", help="with --kernel auto: deduplicate from n = N"
     )
+    parser.add_argument(
+        "--plan",
+        metavar="FILE",
+        help="plan.json from `moespec plan`: its crossover sets --kernel auto's switch and "
+        "its verify times the draft-length policy's V(k)",
+    )
     parser.add_argument("--dtype", default="bf16", choices=["bf16", "fp32"])
     parser.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
     parser.add_argument("--top-p", type=float, default=1.0)
@@ -76,17 +82,26 @@ def parse_draft_length(text: str) -> int | str:
 def run(args: argparse.Namespace) -> int:
     import torch
 
-    from moespec.decoding import DraftLengthPolicy, KernelPolicy, Sampler, generate, summarize
+    from moespec.decoding import KernelPolicy, Sampler, generate, summarize
     from moespec.decoding.setup import build_drafter
     from moespec.models import StreamingDetokenizer, load_model
 
     if args.max_tokens < 1:
         raise ValueError(f"--max-tokens must be >= 1, got {args.max_tokens}")
     draft_length = parse_draft_length(args.draft_length)
-    kernels = KernelPolicy(args.kernel, args.crossover)
+    KernelPolicy(args.kernel, args.crossover)  # bad flags fail before the model loads
     sampler = Sampler(args.temperature, args.top_p, args.seed)
     torch.manual_seed(args.seed)
     model, tokenizer = load_model(args.model, dtype=args.dtype)
+    plan = None
+    if args.plan:
+        from moespec.calibrate.plan import load_plan
+
+        plan = load_plan(args.plan, model.config)
+    crossover = args.crossover
+    if crossover is None and plan is not None:
+        crossover = plan["kernel"]["crossover"]
+    kernels = KernelPolicy(args.kernel, crossover)
     prompt = tokenizer.encode(args.prompt)
     if not prompt:
         raise ValueError("the prompt encodes to no tokens")
@@ -119,7 +134,7 @@ def run(args: argparse.Namespace) -> int:
             reference=reference,
             seed=args.seed,
         )
-        policy = DraftLengthPolicy(draft_length, max_draft_length=args.max_draft_length)
+        policy = make_policy(draft_length, args.max_draft_length, plan, args.draft)
 
     stream = StreamingDetokenizer(tokenizer)
     records = []
@@ -164,6 +179,22 @@ def run(args: argparse.Namespace) -> int:
         print(stream.flush())
         print(format_summary(summary, len(tokens), len(prompt), bool(args.draft)), file=sys.stderr)
     return 0
+
+
+def make_policy(draft_length, max_draft_length, plan, draft_spec):
+    """The draft-length policy: V(k) from the plan's verify times (and its draft's h(k) when
+    the plan measured this very draft), else measured online."""
+    from moespec.decoding import DraftLengthPolicy
+
+    if plan is None:
+        return DraftLengthPolicy(draft_length, max_draft_length=max_draft_length)
+    same_draft = plan.get("draft_dir") is not None and plan.get("draft_dir") == draft_spec
+    return DraftLengthPolicy(
+        draft_length,
+        max_draft_length=max_draft_length,
+        verify_times=plan["verify_time"],
+        draft_times=plan["draft_time"] if same_draft else None,
+    )
 
 
 def format_summary(summary: dict, generated: int, prompt: int, speculative: bool) -> str:

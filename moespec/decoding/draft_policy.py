@@ -53,7 +53,10 @@ class DraftLengthPolicy:
     """`choose()` the next draft length; `observe(...)` each step's outcome.
 
     draft_length: an int (fixed) or "auto". max_draft_length: k_max for auto.
-    step_times: V(0..k_max) from a plan; None to measure online.
+    step_times: V(0..k_max), complete step times given (tests, known tables).
+    verify_times: tau(1..k_max+1) from a plan; the draft's h(k) is then measured online
+    (falling back to `draft_times` from the plan until a draft length has been measured).
+    Neither: both measured online.
     prior: (accepted, rejected) pseudo-counts of the Beta prior on the acceptance.
     forgetting: weight kept by past observations per step (1.0 = never forget).
     probe_interval: under auto, after this many steps at k = 0 draft one token once, so the
@@ -66,6 +69,8 @@ class DraftLengthPolicy:
         *,
         max_draft_length: int = 8,
         step_times: list[float] | None = None,
+        verify_times: list[float] | None = None,
+        draft_times: list[float] | None = None,
         prior: tuple[float, float] = (2.0, 2.0),
         forgetting: float = 0.98,
         probe_interval: int = 16,
@@ -77,13 +82,16 @@ class DraftLengthPolicy:
             )
         if max_draft_length < 0:
             raise ValueError(f"max draft length must be >= 0, got {max_draft_length}")
-        if step_times is not None:
-            if len(step_times) < 1 or any(not v > 0 for v in step_times):
-                raise ValueError("plan step times must be positive, V(0) first")
-            max_draft_length = min(max_draft_length, len(step_times) - 1)
+        for name, table in (("step times", step_times), ("verify times", verify_times)):
+            if table is not None:
+                if len(table) < 1 or any(not v > 0 for v in table):
+                    raise ValueError(f"{name} must be positive, the one-token pass first")
+                max_draft_length = min(max_draft_length, len(table) - 1)
         self.fixed = None if draft_length == "auto" else draft_length
         self.max_draft_length = max_draft_length
-        self.plan_step_times = step_times
+        self.given_step_times = step_times
+        self.plan_verify_times = verify_times
+        self.plan_draft_times = draft_times
         self.accepted, self.rejected = prior
         self.forgetting = forgetting
         self.probe_interval = probe_interval
@@ -98,13 +106,23 @@ class DraftLengthPolicy:
         return self.accepted / (self.accepted + self.rejected)
 
     def step_times(self) -> list[float] | None:
-        """V(0..k_max): from the plan, or measured (None until two pass sizes are measured)."""
-        if self.plan_step_times is not None:
-            return list(self.plan_step_times[: self.max_draft_length + 1])
+        """V(0..k_max): given, or tau from the plan and h measured, or both measured (None
+        until two pass sizes are measured)."""
+        if self.given_step_times is not None:
+            return list(self.given_step_times[: self.max_draft_length + 1])
         table = []
         for k in range(self.max_draft_length + 1):
-            verify = self.verify_times.estimate(k + 1)
-            draft = self.draft_times.estimate(k, anchor=(0, 0.0)) or 0.0
+            if self.plan_verify_times is not None:
+                verify = self.plan_verify_times[k]
+            else:
+                verify = self.verify_times.estimate(k + 1)
+            measured = self.draft_times.known()
+            if k in measured:
+                draft = measured[k]
+            elif self.plan_draft_times is not None and k < len(self.plan_draft_times):
+                draft = self.plan_draft_times[k]
+            else:
+                draft = self.draft_times.estimate(k, anchor=(0, 0.0)) or 0.0
             if verify is None:
                 return None
             table.append(max(verify + draft, 1e-9))

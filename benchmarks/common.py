@@ -1,0 +1,108 @@
+"""Shared by the benchmark scripts: machine and version facts, random checkpoints of real shapes."""
+
+import contextlib
+import os
+import platform
+import subprocess
+from pathlib import Path
+
+import torch
+
+import moespec
+
+# Random-weight shapes (time does not depend on the values). Expert shapes are the real models';
+# `layers` is cut so the checkpoint fits a few GB.
+SHAPES = {
+    "olmoe": {
+        "model_type": "olmoe",
+        "hidden_size": 2048,
+        "intermediate_size": 1024,
+        "num_experts": 64,
+        "num_experts_per_tok": 8,
+        "num_attention_heads": 16,
+        "num_key_value_heads": 16,
+        "vocab_size": 50304,
+        "num_hidden_layers": 4,
+    },
+    "small": {
+        "model_type": "olmoe",
+        "hidden_size": 1024,
+        "intermediate_size": 512,
+        "num_experts": 16,
+        "num_experts_per_tok": 2,
+        "num_attention_heads": 8,
+        "num_key_value_heads": 8,
+        "vocab_size": 32000,
+        "num_hidden_layers": 4,
+    },
+}
+
+
+def machine() -> dict:
+    """What the numbers were measured on."""
+    cpu = platform.processor()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    info = {
+        "platform": platform.platform(),
+        "cpu": cpu,
+        "cpu_count": os.cpu_count(),
+        "torch_threads": torch.get_num_threads(),
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "moespec": moespec.__version__,
+    }
+    try:
+        import transformers
+
+        info["transformers"] = transformers.__version__
+    except ImportError:
+        pass
+    with contextlib.suppress(OSError):
+        info["git_commit"] = subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"],
+            capture_output=True,
+            text=True,
+            cwd=Path(__file__).parent,
+            check=False,
+        ).stdout.strip()
+    return info
+
+
+def random_checkpoint(shape: str, directory: Path, layers: int | None = None) -> Path:
+    """A bf16 checkpoint of random weights written by transformers (reused if present)."""
+    import transformers
+
+    settings = dict(SHAPES[shape])
+    if layers is not None:
+        settings["num_hidden_layers"] = layers
+    model_type = settings.pop("model_type")
+    target = directory / f"{shape}-{settings['num_hidden_layers']}L"
+    if (target / "config.json").exists():
+        return target
+    config = transformers.AutoConfig.for_model(model_type, **settings)
+    torch.manual_seed(0)
+    model = transformers.AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16)
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            if name.endswith("gate.weight"):
+                param.normal_(0, 0.02)  # routers start at zero; give them real logits
+    tmp = directory / f".{target.name}.tmp"
+    model.save_pretrained(tmp)
+    write_byte_tokenizer(tmp, settings["vocab_size"])
+    tmp.rename(target)
+    return target
+
+
+def write_byte_tokenizer(directory: Path, vocab_size: int) -> None:
+    from tokenizers import Tokenizer, models, pre_tokenizers
+
+    vocab = {f"t{i}": i for i in range(vocab_size)}
+    tokenizer = Tokenizer(models.WordLevel(vocab, unk_token="t0"))
+    tokenizer.pre_tokenizer = pre_tokenizers.Whitespace()
+    tokenizer.save(str(directory / "tokenizer.json"))

@@ -1,0 +1,1 @@
+"""Calibration: benchmark one layer's expert operation, fit bandwidths, predict, plan."""

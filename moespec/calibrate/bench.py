@@ -1,0 +1,211 @@
+"""The benchmark of one MoE layer's expert operation, both kernels, alone (seed 000 §2, App. E).
+
+For each layer, kernel and pass size n it times the kernel on two kinds of expert ids: chosen
+ids (U distinct experts among the n m slots, from heavy repetition to none), which let a fit
+separate first reads from repeated ones, and recorded windows of a routing trace, which the
+fits do not see and which score them. Every timed run follows a cache flush (a buffer larger
+than the last-level cache); every raw sample is kept.
+
+Raw timings are appended to a JSON-lines file as each case finishes: an interrupted run keeps
+what it finished, and a rerun with the same settings resumes where it stopped.
+"""
+
+import json
+from collections.abc import Iterable
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from moespec.calibrate.ids import chosen_ids, distinct_count, distinct_levels
+from moespec.calibrate.timing import CacheFlusher, median_iqr, time_runs
+from moespec.kernels import ExpertWeights, get_kernel
+
+FORMAT = "moespec-expert-op-bench/1"
+
+
+@dataclass(frozen=True)
+class Case:
+    """One timed configuration. design: "chosen" (ids with `distinct` experts) or "window"
+    (the `window`-th recorded window of n tokens)."""
+
+    layer: int
+    kernel: str
+    n_tokens: int
+    design: str
+    distinct: int
+    window: int = -1
+
+    @property
+    def key(self) -> str:
+        parts = (self.layer, self.kernel, self.n_tokens, self.design, self.distinct, self.window)
+        return "/".join(map(str, parts))
+
+
+@dataclass
+class BenchSettings:
+    kernels: tuple[str, ...] = ("slot", "dedup")
+    pass_sizes: tuple[int, ...] = tuple(range(1, 10))
+    chosen_levels: int = 5  # values of U per pass size
+    repeats: int = 7
+    warmup: int = 2
+    flush_bytes: int = 256 * 2**20
+    seed: int = 0
+
+
+class ExpertOpBenchmark:
+    """experts: {decoder layer: ExpertWeights}; windows: {layer: {n: [W, n, m] ids}}."""
+
+    def __init__(
+        self,
+        experts: dict[int, ExpertWeights],
+        top_k: int,
+        settings: BenchSettings | None = None,
+        windows: dict[int, dict[int, np.ndarray]] | None = None,
+        header: dict | None = None,
+    ):
+        self.experts = experts
+        self.top_k = top_k
+        self.settings = settings or BenchSettings()
+        self.windows = windows or {}
+        self.header = {
+            "format": FORMAT,
+            **(header or {}),
+            "settings": asdict(self.settings),
+            "top_k": top_k,
+            "layers": sorted(experts),
+        }
+        for name in self.settings.kernels:
+            get_kernel(name)  # unknown kernels fail before any timing
+
+    def cases(self) -> list[Case]:
+        s = self.settings
+        rng = np.random.default_rng(s.seed)
+        cases = []
+        for layer, experts in sorted(self.experts.items()):
+            for n in s.pass_sizes:
+                levels = distinct_levels(n, self.top_k, experts.num_experts, s.chosen_levels)
+                windows = self.windows.get(layer, {}).get(n)
+                for kernel in s.kernels:
+                    cases += [Case(layer, kernel, n, "chosen", u) for u in levels]
+                    if windows is not None:
+                        cases += [
+                            Case(layer, kernel, n, "window", distinct_count(w), i)
+                            for i, w in enumerate(windows)
+                        ]
+        rng.shuffle(cases)  # spread slow drift of the machine over every configuration
+        return cases
+
+    def ids_for(self, case: Case) -> np.ndarray:
+        if case.design == "window":
+            return self.windows[case.layer][case.n_tokens][case.window]
+        experts = self.experts[case.layer]
+        rng = np.random.default_rng([self.settings.seed, case.layer, case.n_tokens, case.distinct])
+        return chosen_ids(case.n_tokens, self.top_k, experts.num_experts, case.distinct, rng)
+
+    def measure(self, case: Case, flush) -> dict:
+        experts = self.experts[case.layer]
+        generator = torch.Generator().manual_seed(case.n_tokens)
+        x = torch.randn(case.n_tokens, experts.hidden_size, generator=generator).to(experts.dtype)
+        ids = torch.as_tensor(self.ids_for(case), dtype=torch.long)
+        weights = torch.softmax(torch.randn(ids.shape, generator=generator), dim=-1)
+        kernel = get_kernel(case.kernel)
+        with torch.inference_mode():
+            samples = time_runs(
+                lambda: kernel(x, ids, weights, experts),
+                repeats=self.settings.repeats,
+                warmup=self.settings.warmup,
+                flush=flush,
+            )
+        median, iqr = median_iqr(samples)
+        return {
+            **asdict(case),
+            "key": case.key,
+            "expert_bytes": experts.bytes_per_expert,
+            "seconds": samples,
+            "median": median,
+            "iqr": iqr,
+        }
+
+    def run(self, raw_path: Path, *, progress: bool = True) -> list[dict]:
+        """Time every case not already in `raw_path`; return all records (old and new)."""
+        raw_path = Path(raw_path)
+        done = load_raw(raw_path, expect_header=self.header) if raw_path.exists() else []
+        finished = {r["key"] for r in done}
+        todo = [c for c in self.cases() if c.key not in finished]
+        flush = CacheFlusher(self.settings.flush_bytes) if self.settings.flush_bytes else None
+        records = list(done)
+        if raw_path.exists() and not raw_path.read_bytes().endswith(b"\n"):
+            _drop_torn_line(raw_path)  # an interruption cut the last line short
+        with open(raw_path, "a") as out, _progress(progress, len(todo)) as advance:
+            if out.tell() == 0:
+                out.write(json.dumps({"header": self.header}) + "\n")
+            for case in todo:
+                record = self.measure(case, flush)
+                out.write(json.dumps(record) + "\n")
+                out.flush()
+                records.append(record)
+                advance()
+        return records
+
+
+def _drop_torn_line(path: Path) -> None:
+    """Rewrite the file without its incomplete last line (atomically)."""
+    from moespec.files import atomic_path
+
+    text = path.read_text()
+    with atomic_path(path, force=True) as tmp:
+        tmp.write_text(text[: text.rfind("\n") + 1])
+
+
+def load_raw(path: Path, expect_header: dict | None = None) -> list[dict]:
+    """The records of a raw timing file (a torn last line from an interruption is dropped)."""
+    lines = Path(path).read_text().splitlines()
+    if not lines:
+        return []
+    try:
+        header = json.loads(lines[0])["header"]
+    except (json.JSONDecodeError, KeyError, TypeError):
+        raise ValueError(f"{path} is not a moespec benchmark timing file") from None
+    if header.get("format") != FORMAT:
+        raise ValueError(f"{path} has format {header.get('format')!r}, expected {FORMAT!r}")
+    if expect_header is not None and header != json.loads(json.dumps(expect_header)):
+        raise ValueError(
+            f"{path} was written with other settings; pass a new output or --force to restart"
+        )
+    records = []
+    for number, line in enumerate(lines[1:], start=2):
+        try:
+            records.append(json.loads(line))
+        except json.JSONDecodeError:
+            if number != len(lines):
+                raise ValueError(f"{path}:{number} is not valid JSON") from None
+    return records
+
+
+class _progress:
+    """A rich progress bar, or nothing."""
+
+    def __init__(self, enabled: bool, total: int):
+        self.enabled, self.total = enabled and total > 0, total
+
+    def __enter__(self):
+        if not self.enabled:
+            return lambda: None
+        from rich.progress import Progress
+
+        self.bar = Progress(transient=True)
+        self.bar.start()
+        task = self.bar.add_task("expert-operation benchmark", total=self.total)
+        return lambda: self.bar.advance(task)
+
+    def __exit__(self, *exc):
+        if self.enabled:
+            self.bar.stop()
+        return False
+
+
+def medians(records: Iterable[dict], **where) -> list[dict]:
+    """The records matching every `field=value` given."""
+    return [r for r in records if all(r.get(k) == v for k, v in where.items())]

@@ -1,0 +1,125 @@
+"""Calibrate and plan: benchmark one layer's expert operation, fit, predict, write plan.json.
+
+With --model (default: the embedded demo model): benchmarks the model's MoE layers (both
+kernels, chosen ids and recorded windows of a routing trace — given by --trace, else recorded
+on the embedded corpus), fits eq. (4) and (E.1), scores them on the windows (epsilon),
+measures whole-model verify times, runs the prediction chain (eq. 22) and writes
+DIR/plan.json and a report (report.md, bandwidth.png, ratio.png, saving.png,
+staircase.png). `moespec generate --plan DIR/plan.json` then switches kernels at the
+crossover and drafts k*(a) on the plan's verify times.
+
+With --shape NAME: one full-size layer of random weights of that model's expert shapes, on a
+synthetic trace fitted to its published reuse.
+"""
+
+import argparse
+import json
+
+HELP = "calibrate the expert kernels and write plan.json (crossover, V(k), staircase)"
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    source = parser.add_mutually_exclusive_group()
+    source.add_argument("--model", metavar="DIR", help="checkpoint (default: the demo model)")
+    source.add_argument(
+        "--shape",
+        metavar="NAME",
+        help="random weights of a named shape (qwen3-30b-a3b, olmoe-1b-7b, ...)",
+    )
+    parser.add_argument("--draft", metavar="DIR", help="draft checkpoint: measure its h(k)")
+    parser.add_argument("--trace", metavar="FILE", help="routing trace (Parquet) of the model")
+    parser.add_argument("--reuse2", type=float, help="with --shape: target layer-mean rho(2)")
+    parser.add_argument("--out", metavar="DIR", default="moespec-plan")
+    parser.add_argument("--dtype", default="bf16", choices=["bf16", "fp32"])
+    parser.add_argument("--kernels", default="slot,dedup", help="per-slot and a dedup kernel")
+    parser.add_argument("--max-n", type=int, default=9, help="largest pass size (default 9)")
+    parser.add_argument("--repeats", type=int, default=7, help="timed runs per case")
+    parser.add_argument("--windows", type=int, default=12, help="recorded windows per n")
+    parser.add_argument("--flush-mib", type=int, default=256, help="cache flush buffer (MiB)")
+    parser.add_argument("--verify-repeats", type=int, default=10)
+    parser.add_argument("--force", action="store_true", help="overwrite an existing plan")
+    parser.add_argument("--json", action="store_true", help="print the plan as JSON")
+
+
+def run(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from moespec.calibrate.bench import BenchSettings
+    from moespec.calibrate.plan import make_plan, make_shape_plan
+
+    kernels = tuple(k.strip() for k in args.kernels.split(","))
+    if "slot" not in kernels or len(kernels) != 2:
+        raise ValueError(
+            f"--kernels must name slot and one deduplicating kernel, got {args.kernels}"
+        )
+    for name, value, low in (
+        ("--max-n", args.max_n, 2),
+        ("--repeats", args.repeats, 1),
+        ("--windows", args.windows, 1),
+        ("--flush-mib", args.flush_mib, 0),
+        ("--verify-repeats", args.verify_repeats, 1),
+    ):
+        if value < low:
+            raise ValueError(f"{name} must be >= {low}, got {value}")
+    settings = BenchSettings(
+        kernels=kernels,
+        pass_sizes=tuple(range(1, args.max_n + 1)),
+        repeats=args.repeats,
+        flush_bytes=args.flush_mib * 2**20,
+    )
+    out = Path(args.out)
+    if args.shape:
+        plan = make_shape_plan(
+            out,
+            shape_name=args.shape,
+            reuse2=args.reuse2,
+            dtype=args.dtype,
+            settings=settings,
+            windows=args.windows,
+            force=args.force,
+            progress=not args.json,
+        )
+    else:
+        model = Path(args.model) if args.model else default_model()
+        plan = make_plan(
+            out,
+            model_dir=model,
+            draft_dir=Path(args.draft) if args.draft else None,
+            trace_path=Path(args.trace) if args.trace else None,
+            dtype=args.dtype,
+            settings=settings,
+            windows=args.windows,
+            verify_repeats=args.verify_repeats,
+            force=args.force,
+            progress=not args.json,
+        )
+        from moespec.report.plan import write_report
+
+        write_report(plan, out)
+    if args.json:
+        print(json.dumps(plan))
+    else:
+        print(summary(plan, out))
+    return 0
+
+
+def default_model():
+    from moespec.demo import demo_paths
+
+    return demo_paths()[0]
+
+
+def summary(plan: dict, out) -> str:
+    crossover = plan["kernel"]["crossover"]
+    lines = [
+        f"wrote {out}/plan.json in {plan['seconds']:.0f} s",
+        f"bandwidth error epsilon = {plan['bandwidth_error']:.3f}",
+        f"crossover: {crossover if crossover else 'none (per-slot at every n)'}",
+    ]
+    if "step_times" in plan:
+        lines.append("V(k) ms: " + " ".join(f"{v * 1e3:.2f}" for v in plan["step_times"]))
+        stair = plan["predictions"]["calibrated"]["staircase"].get("by_acceptance", {})
+        lines.append(
+            "k*(a): " + " ".join(f"{a}:{e['best_draft_length']}" for a, e in stair.items())
+        )
+    return "\n".join(lines)

@@ -1,0 +1,172 @@
+"""The plan's report: Markdown with the numbers, and four figures (PNG).
+
+bandwidth.png  effective bandwidth of each kernel against n (per-slot on n m b, dedup on U b)
+ratio.png      r(n) against u(n): deduplication is faster where u < r (eq. 7)
+saving.png     S(n) of each version, the measured saving, and the band of bound (18)
+staircase.png  k_hat*(a) from V_hat(k), with its step points
+"""
+
+from pathlib import Path
+
+from moespec.files import atomic_path
+
+
+def _pyplot():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def _save(fig, path: Path) -> None:
+    with atomic_path(path, force=True) as tmp:
+        fig.savefig(tmp, format="png", dpi=120)
+
+
+def write_report(plan: dict, out_dir: Path) -> list[Path]:
+    """Write report.md and the figures beside plan.json; return the paths written."""
+    out_dir = Path(out_dir)
+    plt = _pyplot()
+    written = []
+    n_values = list(range(1, len(plan["predictions"]["calibrated"]["saving"]) + 1))
+
+    fig, ax = plt.subplots(figsize=(5.5, 3.8))
+    for kernel, table in plan["bandwidth"].items():
+        ns = sorted(int(n) for n in table)
+        ax.plot(ns, [table[str(n)] / 1e9 for n in ns], "o-", label=kernel)
+    ax.axhline(plan["read_bandwidth"] / 1e9, ls=":", color="grey", label="read bandwidth")
+    ax.set(
+        xlabel="tokens per pass n",
+        ylabel="effective bandwidth (GB/s)",
+        title="Expert operation alone, recorded windows",
+    )
+    ax.legend()
+    fig.tight_layout()
+    _save(fig, out_dir / "bandwidth.png")
+    plt.close(fig)
+    written.append(out_dir / "bandwidth.png")
+
+    fig, ax = plt.subplots(figsize=(5.5, 3.8))
+    share = plan["routing"]["byte_share"]
+    ax.plot(n_values[1:], share[1 : len(n_values)], "s--", label="byte share u(n)")
+    for kernel, table in plan["bandwidth_ratio"].items():
+        ns = sorted(int(n) for n in table if int(n) >= 2)
+        ax.plot(ns, [table[str(n)] for n in ns], "o-", label=f"r(n), {kernel}")
+    ax.set(xlabel="tokens per pass n", ylabel="ratio", title="Deduplication pays where u < r")
+    ax.legend()
+    fig.tight_layout()
+    _save(fig, out_dir / "ratio.png")
+    plt.close(fig)
+    written.append(out_dir / "ratio.png")
+
+    fig, ax = plt.subplots(figsize=(5.5, 3.8))
+    measured = plan.get("measured_verify", {})
+    dedup = plan["kernel"]["dedup_kernel"]
+    if "slot" in measured and dedup in measured:
+        saving = [(a - b) * 1e3 for a, b in zip(measured["slot"], measured[dedup], strict=True)]
+        ax.plot(n_values, saving, "ko-", label="measured")
+    for name, style in (("prediction", "r-"), ("measured_time", "C7--"), ("calibrated", "b-.")):
+        version = plan["predictions"][name]
+        ax.plot(n_values, [s * 1e3 for s in version["saving"]], style, label=name)
+        if name == "prediction" and version["saving_bound"] is not None:
+            low = [
+                (s - b) * 1e3
+                for s, b in zip(version["saving"], version["saving_bound"], strict=True)
+            ]
+            high = [
+                (s + b) * 1e3
+                for s, b in zip(version["saving"], version["saving_bound"], strict=True)
+            ]
+            ax.fill_between(n_values, low, high, color="r", alpha=0.15, label="bound (18)")
+    ax.axhline(0, color="grey", lw=0.6)
+    ax.set(xlabel="tokens per pass n", ylabel="saving S(n) (ms)", title="Saving of deduplication")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    _save(fig, out_dir / "saving.png")
+    plt.close(fig)
+    written.append(out_dir / "saving.png")
+
+    from moespec.report.staircase import plot_staircase
+
+    plot_staircase(plan["step_times"], str(out_dir / "staircase.png"), force=True)
+    written.append(out_dir / "staircase.png")
+
+    with atomic_path(out_dir / "report.md", force=True) as tmp:
+        tmp.write_text(markdown(plan))
+    written.append(out_dir / "report.md")
+    return written
+
+
+def _ms(value) -> str:
+    return "-" if value is None else f"{value * 1e3:.3f}"
+
+
+def markdown(plan: dict) -> str:
+    model = plan["model"]
+    calibrated = plan["predictions"]["calibrated"]
+    dedup = plan["kernel"]["dedup_kernel"]
+    lines = [
+        f"# Plan for {model['name']} ({model['model_type']}, {plan['dtype']}, {plan['device']})",
+        "",
+        f"Made by moespec {plan['versions']['moespec']} (torch {plan['versions']['torch']}, "
+        f"{plan['threads']} threads) in {plan['seconds']:.0f} s. Machine read bandwidth "
+        f"{plan['read_bandwidth'] / 1e9:.1f} GB/s.",
+        "",
+        f"**Kernel switch**: per-slot below n = {plan['kernel']['crossover']}, {dedup} from it."
+        if plan["kernel"]["crossover"]
+        else "**Kernel switch**: none; the per-slot kernel is faster (or as fast) at every n.",
+        "",
+        f"Bandwidth error epsilon = {plan['bandwidth_error']:.3f} (median relative error of the "
+        "fits on recorded windows; the larger kernel's).",
+        "",
+        "## Fits (eq. 4 and E.1)",
+        "",
+        "| kernel | t_op (ms) | cost per first/union byte (s/GB) | re-read ratio / per token (ms) "
+        "| epsilon |",
+        "|---|---|---|---|---|",
+    ]
+    for kernel, fit in plan["fits"].items():
+        if kernel == "slot":
+            extra = f"{fit['reread_ratio']:.2f}"
+            cost = fit["first_read_cost"]
+        else:
+            extra = _ms(fit["token_cost"])
+            cost = fit["union_cost"]
+        eps = fit["bandwidth_error"]
+        lines.append(
+            f"| {kernel} | {_ms(fit['fixed_time'])} | {cost * 1e9:.3f} | {extra} | "
+            f"{'-' if eps is None else f'{eps:.3f}'} |"
+        )
+    lines += [
+        "",
+        "## Verify time (ms) by pass size",
+        "",
+        "| n | u(n) | r(n) | measured slot | measured dedup | predicted slot | "
+        "predicted dedup | calibrated dedup | S(n) calibrated |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    prediction = plan["predictions"]["prediction"]
+    measured = plan["measured_verify"]
+    ratio = plan["bandwidth_ratio"].get(dedup, {})
+    for n in range(1, len(calibrated["saving"]) + 1):
+        r = ratio.get(str(n))
+        lines.append(
+            f"| {n} | {plan['routing']['byte_share'][n - 1]:.3f} | "
+            f"{'-' if r is None else f'{r:.3f}'} | {_ms(measured['slot'][n - 1])} | "
+            f"{_ms(measured[dedup][n - 1])} | {_ms(prediction['verify_time']['slot'][n - 1])} | "
+            f"{_ms(prediction['verify_time'][dedup][n - 1])} | "
+            f"{_ms(calibrated['verify_time'][dedup][n - 1])} | {_ms(calibrated['saving'][n - 1])} |"
+        )
+    lines += [
+        "",
+        "## Best draft length (calibrated V(k))",
+        "",
+        "| acceptance | k* | speedup |",
+        "|---|---|---|",
+    ]
+    for a, entry in calibrated["staircase"].get("by_acceptance", {}).items():
+        lines.append(f"| {a} | {entry['best_draft_length']} | {entry['speedup']:.3f} |")
+    lines += ["", "Figures: bandwidth.png, ratio.png, saving.png, staircase.png.", ""]
+    return "\n".join(lines)

@@ -1,0 +1,192 @@
+"""The prediction chain, the benchmark's bookkeeping, and `plan` end to end on a tiny model."""
+
+import json
+
+import numpy as np
+import pytest
+
+from moespec.calibrate.bench import BenchSettings, ExpertOpBenchmark, load_raw
+from moespec.calibrate.plan import load_plan, make_plan
+from moespec.calibrate.predict import Prediction, outside_growth, verify_times
+from moespec.cli import main
+from moespec.kernels import ExpertWeights
+
+
+def test_chain_22_equals_hand_computation():
+    # Two layers, n = 1..3; t_slot,l(1) = 1 and 2 ms.
+    times = {
+        "slot": np.array([[1.0, 1.5, 2.0], [2.0, 2.5, 3.5]]) * 1e-3,
+        "dedup": np.array([[1.1, 1.2, 1.3], [2.2, 2.4, 2.6]]) * 1e-3,
+    }
+    tau = verify_times(10e-3, times)
+    assert tau["slot"] == pytest.approx([10e-3, 11e-3, 12.5e-3])
+    assert tau["dedup"] == pytest.approx([10e-3, 10.6e-3, 10.9e-3])  # n = 1 runs per-slot
+    growth = outside_growth(np.array([10e-3, 11.5e-3, 13.5e-3]), times)
+    assert growth == pytest.approx([0, 0.5e-3, 1e-3])
+    prediction = Prediction(
+        verify=tau,
+        expert_time={k: v.sum(0) for k, v in times.items()},
+        bandwidth_error=0.05,
+        draft_time=np.array([0.0, 1e-3, 2e-3]),
+    )
+    assert prediction.saving() == pytest.approx([0, 0.4e-3, 1.6e-3])
+    assert prediction.crossover() == 2
+    assert prediction.step_times() == pytest.approx([10e-3, 11.6e-3, 12.9e-3])
+    bound = prediction.saving_bound()
+    assert bound[1] == pytest.approx(0.05 / 0.95 * (4e-3 + 3.6e-3))
+
+
+def tiny_experts():
+    import torch
+
+    generator = torch.Generator().manual_seed(0)
+    return ExpertWeights(
+        torch.randn(8, 16, 12, generator=generator), torch.randn(8, 12, 8, generator=generator)
+    )
+
+
+def test_bench_resumes_after_an_interruption(tmp_path):
+    settings = BenchSettings(pass_sizes=(1, 2), chosen_levels=2, repeats=1, warmup=0, flush_bytes=0)
+    bench = ExpertOpBenchmark({0: tiny_experts()}, 2, settings)
+    raw = tmp_path / "bench.jsonl"
+    full = bench.run(raw, progress=False)
+    lines = raw.read_text().splitlines()
+    kept = lines[:3]
+    raw.write_text("\n".join(kept) + "\n" + lines[3][:10])  # a torn line, as after Ctrl-C
+    resumed = bench.run(raw, progress=False)
+    assert sorted(r["key"] for r in resumed) == sorted(r["key"] for r in full)
+    assert [json.loads(line) for line in kept[1:]] == resumed[:2]  # kept, not re-timed
+    assert len(load_raw(raw)) == len(full)
+
+
+def test_bench_refuses_a_file_of_other_settings(tmp_path):
+    raw = tmp_path / "bench.jsonl"
+    ExpertOpBenchmark(
+        {0: tiny_experts()}, 2, BenchSettings(pass_sizes=(1,), repeats=1, warmup=0, flush_bytes=0)
+    ).run(raw, progress=False)
+    other = ExpertOpBenchmark(
+        {0: tiny_experts()}, 2, BenchSettings(pass_sizes=(1,), repeats=2, warmup=0, flush_bytes=0)
+    )
+    with pytest.raises(ValueError, match="written with other settings"):
+        other.run(raw, progress=False)
+
+
+@pytest.fixture(scope="module")
+def plan_dir(checkpoint_dir, tmp_path_factory):
+    directory, _ = checkpoint_dir("qwen3_moe")
+    out = tmp_path_factory.mktemp("plan")
+    settings = BenchSettings(
+        pass_sizes=(1, 2, 3, 4), chosen_levels=3, repeats=2, warmup=1, flush_bytes=0
+    )
+    make_plan(
+        out,
+        model_dir=directory,
+        dtype="fp32",
+        settings=settings,
+        windows=3,
+        depth=32,
+        verify_repeats=2,
+        progress=False,
+    )
+    return out, directory
+
+
+def test_plan_writes_a_complete_plan_and_report(plan_dir):
+    from moespec.models import load_config
+    from moespec.report.plan import write_report
+
+    out, model_dir = plan_dir
+    plan = load_plan(out / "plan.json", load_config(model_dir))
+    assert len(plan["verify_time"]) == 4 and len(plan["step_times"]) == 4
+    assert set(plan["predictions"]) == {"prediction", "measured_time", "calibrated"}
+    assert plan["fits"]["slot"]["passes"] > 0 and plan["bandwidth_error"] >= 0
+    written = write_report(plan, out)
+    assert all(p.exists() for p in written)
+    assert "Kernel switch" in (out / "report.md").read_text()
+
+
+def test_engine_honours_the_plan(plan_dir, tmp_path, capsys):
+    out, model_dir = plan_dir
+    plan = json.loads((out / "plan.json").read_text())
+    plan["kernel"]["crossover"] = 3
+    plan["verify_time"] = [1.0, 5.0, 9.0, 13.0]  # each draft costs 4 plain steps: never draft
+    edited = tmp_path / "plan.json"
+    edited.write_text(json.dumps(plan))
+    code = main(
+        [
+            "generate",
+            "--model",
+            str(model_dir),
+            "w1 w2 w1 w2 w1",
+            "--dtype",
+            "fp32",
+            "--max-tokens",
+            "12",
+            "--draft",
+            "lookup",
+            "--plan",
+            str(edited),
+            "--json",
+        ]
+    )
+    result = json.loads(capsys.readouterr().out)
+    assert code == 0
+    decode = [s for s in result["steps"] if s["phase"] == "decode"]
+    assert all(s["draft_length"] == 0 for s in decode)
+    code = main(
+        [
+            "generate",
+            "--model",
+            str(model_dir),
+            "w1 w2 w1 w2 w1",
+            "--dtype",
+            "fp32",
+            "--max-tokens",
+            "12",
+            "--draft",
+            "lookup",
+            "--draft-length",
+            "3",
+            "--plan",
+            str(edited),
+            "--json",
+        ]
+    )
+    steps = [s for s in json.loads(capsys.readouterr().out)["steps"] if s["phase"] == "decode"]
+    assert all(s["kernel"] == ("dedup" if s["n_tokens"] >= 3 else "slot") for s in steps)
+    assert any(s["n_tokens"] >= 3 for s in steps)
+
+
+@pytest.mark.parametrize(
+    "change, message",
+    [
+        (lambda p: p.pop("verify_time"), "has no 'verify_time'"),
+        (lambda p: p["kernel"].update(crossover=0), "crossover must be a pass size"),
+        (lambda p: p["model"].update(num_experts=64), "made for another model: num_experts"),
+        (lambda p: p.update(format="other"), "is not a moespec plan"),
+        (lambda p: p.update(verify_time=[1.0, -2.0]), "positive seconds"),
+    ],
+)
+def test_bad_plans_are_refused(plan_dir, tmp_path, change, message):
+    from moespec.models import load_config
+
+    out, model_dir = plan_dir
+    plan = json.loads((out / "plan.json").read_text())
+    change(plan)
+    path = tmp_path / "plan.json"
+    path.write_text(json.dumps(plan))
+    with pytest.raises(ValueError, match=message):
+        load_plan(path, load_config(model_dir))
+
+
+def test_plan_file_that_is_not_json(tmp_path):
+    path = tmp_path / "plan.json"
+    path.write_text("{")
+    with pytest.raises(ValueError, match="not valid JSON"):
+        load_plan(path)
+
+
+def test_plan_refuses_to_overwrite_without_force(plan_dir, capsys):
+    out, model_dir = plan_dir
+    code = main(["plan", "--model", str(model_dir), "--out", str(out), "--dtype", "fp32"])
+    assert code == 2 and "--force" in capsys.readouterr().err
