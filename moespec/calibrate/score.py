@@ -1,0 +1,123 @@
+"""Scoring a plan against whole-model runs it never saw: the six rules of seed 000 Table 8.
+
+Written before the runs it scores; each rule returns (holds, detail). Inputs: the plan's
+predicted verify times (per kernel, n = 1..n_max) and step times V_hat(k); a fresh
+measure-verify run (every sample, per kernel and n); an oracle sweep (tokens/s per
+acceptance and draft length).
+"""
+
+import numpy as np
+
+from moespec.costmodel import best_draft_length, crossover, speedup
+
+
+def measured_crossover(slot: list[float], dedup: list[float]) -> int | None:
+    """The smallest n >= 2 from which the measured saving's point estimate stays positive."""
+    return crossover(
+        {n: s - d for n, (s, d) in enumerate(zip(slot, dedup, strict=True), 1) if n >= 2}
+    )
+
+
+def rule_crossover(predicted: int | None, measured: int | None, max_n: int) -> tuple[bool, str]:
+    """Within one; a measured crossover at the largest n counts as within one of none."""
+    if predicted is None and measured is None:
+        return True, "none / none"
+    if predicted is None or measured is None:
+        other = measured if predicted is None else predicted
+        return other == max_n, f"{predicted} / {measured}"
+    return abs(predicted - measured) <= 1, f"{predicted} / {measured}"
+
+
+def saving_interval(slot_samples, dedup_samples, resamples: int = 2000, seed: int = 0):
+    """95% bootstrap interval of median(slot) - median(dedup)."""
+    rng = np.random.default_rng(seed)
+    slot, dedup = np.asarray(slot_samples), np.asarray(dedup_samples)
+    draws = [
+        np.median(rng.choice(slot, len(slot))) - np.median(rng.choice(dedup, len(dedup)))
+        for _ in range(resamples)
+    ]
+    return float(np.percentile(draws, 2.5)), float(np.percentile(draws, 97.5))
+
+
+def rule_sign(predicted_saving, samples: dict, dedup_kernel: str) -> tuple[bool, str]:
+    """The predicted sign of S(n) is right wherever the measured interval excludes 0."""
+    checked = right = 0
+    for n in range(2, len(predicted_saving) + 1):
+        low, high = saving_interval(samples[("slot", n)], samples[(dedup_kernel, n)], seed=n)
+        if low > 0 or high < 0:
+            checked += 1
+            right += (predicted_saving[n - 1] > 0) == (low > 0)
+    return right == checked, f"{right} of {checked}"
+
+
+def rule_verify_time(predicted: dict, measured: dict, tolerance: float = 0.15):
+    """Verify time within 15% for both kernels at n = 2..n_max."""
+    worst = max(
+        abs(p - m) / m
+        for kernel in measured
+        for n, (p, m) in enumerate(zip(predicted[kernel], measured[kernel], strict=True), 1)
+        if n >= 2
+    )
+    return worst <= tolerance, f"{worst:.1%}"
+
+
+def rule_best_draft_length(step_times, sweep: dict, required: int = 9):
+    """k_hat* within one of the measured best at >= 9 of 11 acceptances, and the throughput
+    lost by drafting k_hat* at most 6% at every acceptance. Returns both rules."""
+    within, worst_loss = 0, 0.0
+    for a, row in sweep.items():
+        rates = {int(k): v for k, v in row["tokens_per_second"].items()}
+        best = max(rates, key=lambda k: (rates[k], -k))
+        k_hat = best_draft_length(step_times, float(a))
+        within += abs(k_hat - best) <= 1
+        worst_loss = max(worst_loss, 1 - rates[k_hat] / rates[best])
+    return (
+        (within >= required, f"{within} of {len(sweep)}"),
+        (worst_loss <= 0.06, f"{worst_loss:.1%}"),
+    )
+
+
+def rule_speedup(step_times, sweep: dict, delta: float):
+    """The measured best speedup lies inside bound (21) around the predicted best speedup."""
+    low, high = (1 - delta) / (1 + delta), (1 + delta) / (1 - delta)
+    inside = 0
+    for a, row in sweep.items():
+        rates = {int(k): v for k, v in row["tokens_per_second"].items()}
+        measured = max(rates.values()) / rates[0]
+        k_hat = best_draft_length(step_times, float(a))
+        predicted = float(speedup(step_times, float(a), k_hat))
+        inside += low <= predicted / measured <= high
+    return inside == len(sweep), f"{inside} of {len(sweep)} (delta = {delta:.3f})"
+
+
+def step_time_error_of(predicted_steps, measured_steps) -> float:
+    """delta: the largest relative error of the predicted step times."""
+    return max(abs(p - m) / m for p, m in zip(predicted_steps, measured_steps, strict=True))
+
+
+def score(plan: dict, verify_records: list[dict], sweep: dict, version: str = "calibrated"):
+    """{rule: (holds, detail)} for one prediction version of a plan."""
+    prediction = plan["predictions"][version]
+    dedup = plan["kernel"]["dedup_kernel"]
+    max_n = len(prediction["saving"])
+    samples = {(r["kernel"], r["n_tokens"]): r["seconds"] for r in verify_records}
+    measured = {
+        k: [float(np.median(samples[(k, n)])) for n in range(1, max_n + 1)] for k in ("slot", dedup)
+    }
+    steps = prediction["staircase"]["step_times"]
+    measured_cross = measured_crossover(measured["slot"], measured[dedup])
+    k_rule, loss_rule = rule_best_draft_length(steps, sweep["by_acceptance"])
+    measured_steps = [
+        measured[dedup if measured_cross and n >= measured_cross else "slot"][n - 1]
+        + plan["draft_time"][n - 1]
+        for n in range(1, max_n + 1)
+    ]
+    delta = step_time_error_of(steps, measured_steps)
+    return {
+        "crossover within one": rule_crossover(prediction["crossover"], measured_cross, max_n),
+        "k* within one at >= 9 of 11": k_rule,
+        "throughput lost <= 6%": loss_rule,
+        "sign of S(n)": rule_sign(prediction["saving"], samples, dedup),
+        "verify time within 15%": rule_verify_time(prediction["verify_time"], measured),
+        "best speedup inside (21)": rule_speedup(steps, sweep["by_acceptance"], min(delta, 0.99)),
+    }

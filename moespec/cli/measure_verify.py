@@ -1,0 +1,67 @@
+"""Measure the whole model's verify time per kernel and pass size (no prediction involved).
+
+A pass of n tokens (the text's next tokens, teacher forced) runs after a context of --depth
+tokens of the embedded corpus (or --text FILE), is timed and rolled back; kernels and pass
+sizes interleave within each repeat. Prints the median per (kernel, n) and the saving S(n).
+"""
+
+import argparse
+import json
+
+HELP = "measure whole-model verify time per kernel at n = 1..max-n"
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--model", metavar="DIR", help="checkpoint (default: the demo model)")
+    parser.add_argument("--text", metavar="FILE", help="text to verify (default: embedded corpus)")
+    parser.add_argument("--kernels", default="slot,dedup")
+    parser.add_argument("--max-n", type=int, default=9)
+    parser.add_argument("--depth", type=int, default=256, help="context tokens before the pass")
+    parser.add_argument("--repeats", type=int, default=10)
+    parser.add_argument("--dtype", default="bf16", choices=["bf16", "fp32"])
+    parser.add_argument("--out", metavar="FILE.json", help="write every sample as JSON")
+    parser.add_argument("--force", action="store_true")
+    parser.add_argument("--json", action="store_true")
+
+
+def run(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from moespec.calibrate.plan import stdlib_documents
+    from moespec.calibrate.verify import measure_verify
+    from moespec.files import check_writable, write_json
+    from moespec.models import load_model
+
+    if args.max_n < 1 or args.repeats < 1 or args.depth < 1:
+        raise ValueError("--max-n, --repeats and --depth must be >= 1")
+    if args.out:
+        check_writable(args.out, force=args.force)
+    if args.model:
+        model_dir = Path(args.model)
+    else:
+        from moespec.demo import demo_paths
+
+        model_dir = demo_paths()[0]
+    model, tokenizer = load_model(model_dir, dtype=args.dtype)
+    if args.text:
+        tokens = tokenizer.encode(Path(args.text).read_text())
+    else:
+        tokens = [t for d in stdlib_documents(4, 20000) for t in tokenizer.encode(d.text)]
+    kernels = tuple(k.strip() for k in args.kernels.split(","))
+    records = measure_verify(model, tokens, depth=args.depth,
+                             pass_sizes=tuple(range(1, args.max_n + 1)), kernels=kernels,
+                             repeats=args.repeats)
+    result = {"model": str(model_dir), "dtype": args.dtype, "depth": args.depth,
+              "records": records}
+    if args.out:
+        write_json(args.out, result, force=args.force)
+    if args.json:
+        print(json.dumps(result))
+        return 0
+    medians = {(r["kernel"], r["n_tokens"]): r["median"] for r in records}
+    print(f"{'n':>3} " + " ".join(f"{k + ' (ms)':>14}" for k in kernels) + "   S(n) (ms)")
+    for n in range(1, args.max_n + 1):
+        row = [medians[(k, n)] * 1e3 for k in kernels]
+        saving = row[0] - row[1] if len(row) > 1 else float("nan")
+        print(f"{n:>3} " + " ".join(f"{v:>14.3f}" for v in row) + f"   {saving:>9.3f}")
+    return 0
