@@ -32,6 +32,7 @@ def atomic_path(path: str | os.PathLike, *, force: bool = False) -> Iterator[Pat
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=path.suffix, dir=path.parent)
     os.close(fd)
     tmp = Path(tmp)
+    os.chmod(tmp, 0o666 & ~_umask())  # mkstemp makes 0600; outputs get the usual mode
     try:
         yield tmp
         if path.exists() and not force:  # appeared while we worked
@@ -39,6 +40,12 @@ def atomic_path(path: str | os.PathLike, *, force: bool = False) -> Iterator[Pat
         os.replace(tmp, path)
     finally:
         tmp.unlink(missing_ok=True)
+
+
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
 
 
 def write_json(path: str | os.PathLike, obj, *, force: bool = False) -> Path:

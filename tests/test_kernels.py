@@ -61,3 +61,23 @@ def test_expert_weights_refuse_mismatched_shapes():
 def test_bytes_per_expert_counts_gate_up_and_down():
     experts = ExpertWeights(torch.zeros(4, 8, 6, dtype=torch.bfloat16), torch.zeros(4, 6, 4))
     assert experts.bytes_per_expert == (8 * 6 + 6 * 4) * 2
+
+
+def test_fp32_dedup_on_prepacked_weights_matches_reference():
+    # Experts of >= 1 MiB take the oneDNN-prepacked path for passes of 2+ rows.
+    from moespec.kernels.dedup import PACKED_MIN_BYTES
+
+    generator = torch.Generator().manual_seed(0)
+    hidden, inter = 512, 512
+    experts = ExpertWeights(
+        torch.randn(4, 2 * inter, hidden, generator=generator) * 0.05,
+        torch.randn(4, hidden, inter, generator=generator) * 0.05,
+    )
+    assert experts.down[0].nbytes >= PACKED_MIN_BYTES
+    x = torch.randn(5, hidden, generator=generator)
+    ids = torch.tensor([[0, 1], [1, 0], [0, 2], [1, 3], [0, 1]])
+    weights = torch.softmax(torch.randn(5, 2, generator=generator), -1)
+    got = get_kernel("dedup")(x, ids, weights, experts)
+    assert set(experts.packed["gate_up"]) == {0, 1}  # only the experts with 2+ rows
+    expected = KERNELS["reference"](x, ids, weights, experts)
+    assert (got - expected).abs().max() <= 1e-4 * expected.abs().max()

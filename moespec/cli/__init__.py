@@ -9,6 +9,7 @@ from moespec import __version__
 
 COMMANDS = {
     "generate": "moespec.cli.generate",
+    "measure-verify": "moespec.cli.measure_verify",
     "plan": "moespec.cli.plan",
     "staircase": "moespec.cli.staircase",
     "simulate": "moespec.cli.simulate",

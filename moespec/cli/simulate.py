@@ -1,0 +1,218 @@
+"""Simulate offloaded-expert scheduling policies on a routing trace and a hardware profile.
+
+Replays a recorded trace (--trace FILE) or a synthetic one of a built-in model shape
+(--synthetic MODEL, fitted to the shape's published rho(2) or --reuse2) through each policy
+(spac, lru, static, hybrid, spac-ar; baselines without speculation as lru-ar, static-ar,
+hybrid-ar; SpAc ablations as spac-no-estimator, spac-fixed-bounds, spac-static-tau,
+spac-no-prefetch, spac-no-evict, spac-no-sd, spac-literal-delta), with speculative steps of
+--draft-length k at geometric --acceptance a, under one cache budget (--cache-ratio of all
+expert bytes), on a hardware profile (rtx4090-pcie4, a100-pcie4, this-machine, or a JSON file).
+Prints tokens/s, latency per token, cache hit rate, hot/cold accuracy, frequency sMAPE and
+bytes moved per policy. --report DIR also runs the Table 1 / Table 2 / Figure 5 analogues
+(and a draft-length sweep) and writes them as Markdown, PNG and JSON.
+"""
+
+import argparse
+import json
+import sys
+
+HELP = "simulate expert offloading policies (MoE-SpAc and baselines) on a hardware profile"
+DEFAULT_POLICIES = "spac,lru,static,hybrid,spac-ar"
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    source = parser.add_mutually_exclusive_group(required=True)
+    source.add_argument("--trace", metavar="FILE", help="a routing trace (Parquet)")
+    source.add_argument("--synthetic", metavar="MODEL", help="a built-in model shape")
+    parser.add_argument(
+        "--profile",
+        default="rtx4090-pcie4",
+        metavar="NAME",
+        help="rtx4090-pcie4 (default), a100-pcie4, this-machine, or FILE.json",
+    )
+    parser.add_argument("--cache-ratio", type=float, default=0.25, metavar="R")
+    parser.add_argument("--draft-length", type=int, default=8, metavar="K")
+    parser.add_argument("--acceptance", type=float, default=0.7, metavar="A")
+    parser.add_argument(
+        "--policy",
+        default=DEFAULT_POLICIES,
+        metavar="P1,P2,...",
+        help=f"policies to compare (default: {DEFAULT_POLICIES})",
+    )
+    parser.add_argument(
+        "--reuse2",
+        type=float,
+        metavar="RHO",
+        help="target rho(2) of the synthetic trace (default: the shape's)",
+    )
+    parser.add_argument(
+        "--tokens",
+        type=int,
+        default=2048,
+        metavar="N",
+        help="tokens to generate per simulation (default 2048)",
+    )
+    parser.add_argument(
+        "--fit-tokens",
+        type=int,
+        default=512,
+        metavar="N",
+        help="synthetic: tokens of the fit split before the replay (default 512)",
+    )
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--json", action="store_true", help="print one JSON object by policy")
+    parser.add_argument("--report", metavar="DIR", help="write the report's tables and figures")
+    parser.add_argument("--force", action="store_true", help="overwrite existing report files")
+
+
+def run(args: argparse.Namespace) -> int:
+    from dataclasses import asdict
+
+    from moespec.offload import make_policy
+    from moespec.offload.experiments import compare_policies, settings_for
+    from moespec.offload.hardware import get_profile
+
+    names = [n.strip() for n in args.policy.split(",") if n.strip()]
+    if not names:
+        raise ValueError("--policy names no policy")
+    for name in names:
+        make_policy(name)  # unknown names fail here, before any long work
+    if args.report:
+        from moespec.report.offload import check_report_dir
+
+        check_report_dir(args.report, force=args.force)
+    profile = get_profile(args.profile)
+    workload = load_workload(args)
+    settings = settings_for(
+        workload,
+        cache_ratio=args.cache_ratio,
+        draft_length=args.draft_length,
+        acceptance=args.acceptance,
+        tokens=args.tokens,
+        seed=args.seed,
+    )
+    with _progress(quiet=args.json) as progress:
+        results = compare_policies(workload, names, profile, settings, progress)
+        if args.report:
+            paths = write_full_report(args, workload, names, profile, settings, progress)
+    if args.json:
+        print(json.dumps(results, indent=2))
+    else:
+        print(format_results(results, workload.name, profile.name, asdict(settings)))
+    if args.report and not args.json:
+        print(f"wrote {', '.join(str(p) for p in paths)}")
+    return 0
+
+
+def load_workload(args):
+    from moespec.offload.workload import synthetic_workload, trace_workload
+
+    if args.trace:
+        return trace_workload(args.trace)
+    if args.tokens < 1 or args.fit_tokens < 1:
+        raise ValueError("--tokens and --fit-tokens must be >= 1")
+    # Speculative steps emit at most the trace's tokens: k + 1 more cover the last pass.
+    return synthetic_workload(
+        args.synthetic,
+        tokens=args.tokens + args.draft_length + 1,
+        fit_tokens=args.fit_tokens,
+        reuse2=args.reuse2,
+        seed=args.seed,
+    )
+
+
+def write_full_report(args, workload, names, profile, settings, progress):
+    from dataclasses import asdict
+
+    from moespec.offload.experiments import (
+        CACHE_RATIOS,
+        DRAFT_LENGTHS,
+        ablation_table,
+        sweep,
+        workload_table,
+    )
+    from moespec.report.offload import write_report
+
+    baselines_ar = [f"{n}-ar" for n in ("lru", "static", "hybrid")]
+    table_names = list(dict.fromkeys([*names, *baselines_ar]))
+    trace = workload.trace
+    data = {
+        "settings": asdict(settings),
+        "profile": profile.to_dict(),
+        "workload": {
+            "name": workload.name,
+            "layers": trace.num_layers,
+            "experts": trace.num_experts,
+            "top_k": trace.top_k,
+            "metadata": trace.metadata,
+        },
+        "table1": workload_table(workload, table_names, profile, settings, progress=progress),
+        "table2": ablation_table(workload, profile, settings, progress),
+        "figure5": sweep(workload, names, profile, settings, "cache_ratio", CACHE_RATIOS, progress),
+        "draft_length": sweep(
+            workload,
+            names,
+            profile,
+            settings,
+            "draft_length",
+            [k for k in DRAFT_LENGTHS if k + 1 <= settings.tokens],
+            progress,
+        ),
+        "versions": _versions(),
+    }
+    data["workload"]["smape"] = data["table2"][0]["frequency_smape"]
+    return write_report(args.report, data, force=args.force)
+
+
+def _versions() -> dict:
+    import platform
+
+    import numpy
+
+    from moespec import __version__
+
+    return {
+        "moespec": __version__,
+        "numpy": numpy.__version__,
+        "python": platform.python_version(),
+        "machine": platform.machine(),
+        "processor": platform.processor(),
+    }
+
+
+class _progress:
+    """A rich progress line on stderr (nothing with --json or when stderr is not a terminal)."""
+
+    def __init__(self, quiet: bool):
+        self.quiet = quiet or not sys.stderr.isatty()
+
+    def __enter__(self):
+        if self.quiet:
+            return lambda label: None
+        from rich.console import Console
+
+        self.status = Console(stderr=True).status("simulating")
+        self.status.start()
+        return lambda label: self.status.update(f"simulating {label}")
+
+    def __exit__(self, *exc):
+        if not self.quiet:
+            self.status.stop()
+        return False
+
+
+def format_results(results: dict, workload: str, profile: str, settings: dict) -> str:
+    lines = [
+        f"workload {workload} on {profile}: cache ratio {settings['cache_ratio']}, draft length "
+        f"{settings['draft_length']}, acceptance {settings['acceptance']}",
+        f"{'policy':<20} {'tok/s':>8} {'ms/tok':>8} {'hit':>6} {'acc':>6} {'sMAPE':>6} "
+        f"{'GB moved':>9} {'CPU exp.':>9}",
+    ]
+    for name, r in results.items():
+        acc = r["hot_cold_accuracy"]
+        lines.append(
+            f"{name:<20} {r['tokens_per_second']:>8.2f} {r['latency_per_token_ms']:>8.1f} "
+            f"{r['hit_rate']:>6.3f} {'–' if acc is None else f'{acc:.3f}':>6} "
+            f"{r['frequency_smape']:>6.3f} {r['bytes_moved'] / 1e9:>9.2f} {r['cpu_experts']:>9}"
+        )
+    return "\n".join(lines)

@@ -1,0 +1,103 @@
+"""The Heterogeneous Workload Balancer of MoE-SpAc (seed 003 §3.3, App. C).
+
+Per layer and step, the integer threshold tau in 1..K that splits experts into hot (utility
+>= tau: kept on or prefetched to the accelerator) and cold (computed on the CPU):
+
+    min_tau |T_cpu(tau) - T_gpu(tau)|
+        T_cpu(tau) = r_c(tau) * n * m * T^u_cpu        (r_c: share of the pass's slots on CPU)
+        T_gpu(tau) = r_g(tau) * b * T^u_gpu            (r_g: share of its b distinct experts on GPU)
+    s.t. T^u_io * n(tau) <= T_layer + gamma * T^u_draft / L      (I/O, eq. 10)
+         W_e * n(tau)     <= VRAM left(tau)                      (memory, eq. 11)
+         0 < tau <= K, integer                                    (eq. 12)
+
+n(tau) is the number of experts of the layer with utility >= tau not on the accelerator (the
+prefetches tau asks for). VRAM left(tau) is our reading of "remaining VRAM": the free bytes plus
+the bytes of cached experts, of any layer, whose utility is below tau (the evictor may drop
+them for a hotter expert). r_c, r_g and b are learned per layer from the passes seen (App. C.1
+learns them in a warm-up; from a cold start the utilities of the first steps have not yet
+spread above 1, so we keep averaging after it), and the unit times from the caller's timings;
+the balancer starts choosing after `warmup_steps` steps. With K <= 8 values, the
+problem is solved exactly by enumeration; when no tau meets both constraints, the least
+violating one is taken (fewest experts beyond the tighter constraint), and the choice says so.
+"""
+
+from dataclasses import dataclass
+
+import numpy as np
+
+
+@dataclass(frozen=True)
+class ThresholdChoice:
+    tau: int
+    feasible: bool
+    violation: float  # experts beyond the tighter of the I/O and memory capacities (0: feasible)
+    objective: float  # |T_cpu - T_gpu| at tau
+
+
+def solve_threshold(
+    prefetch_counts, io_capacity: float, memory_capacity, cpu_times, gpu_times
+) -> ThresholdChoice:
+    """Exact solution by enumeration; every array is indexed by tau - 1 for tau = 1..K.
+
+    prefetch_counts: n(tau); io_capacity: experts the link moves in the window;
+    memory_capacity: experts that fit in VRAM left(tau); cpu/gpu_times: T_cpu(tau), T_gpu(tau).
+    Order: least violation, then least |T_cpu - T_gpu|, then the smallest tau.
+    """
+    best = None
+    for i in range(len(prefetch_counts)):
+        limit = min(io_capacity, memory_capacity[i])
+        violation = max(0.0, float(prefetch_counts[i]) - float(limit))
+        objective = abs(float(cpu_times[i]) - float(gpu_times[i]))
+        key = (violation, objective, i + 1)
+        if best is None or key < best:
+            best = key
+    if best is None:
+        raise ValueError("solve_threshold needs at least one candidate tau (K >= 1)")
+    violation, objective, tau = best
+    return ThresholdChoice(
+        tau=tau, feasible=violation == 0, violation=violation, objective=objective
+    )
+
+
+class WorkloadBalancer:
+    """Warm-up statistics per layer and the per-layer choice of tau."""
+
+    def __init__(self, num_layers: int, max_utility: int, warmup_steps: int = 8):
+        self.max_utility = max_utility
+        self.warmup_steps = warmup_steps
+        self.cpu_share = np.zeros((num_layers, max_utility))  # sum of r_c(tau) [L, K]
+        self.gpu_share = np.zeros((num_layers, max_utility))  # sum of r_g(tau) [L, K]
+        self.distinct = np.zeros(num_layers)  # sum of b
+        self.passes = np.zeros(num_layers)
+        self.infeasible = 0
+        self.choices = 0
+        self.tau_sum = 0
+
+    def record(self, layer: int, utilities: np.ndarray, counts: np.ndarray) -> None:
+        """One pass's needed experts at `layer`: their utilities (before the update) and counts."""
+        taus = np.arange(1, self.max_utility + 1)[:, None]  # [K, 1]
+        hot = utilities[None, :] >= taus  # [K, b]
+        self.cpu_share[layer] += (counts * ~hot).sum(axis=1) / counts.sum()
+        self.gpu_share[layer] += hot.mean(axis=1)
+        self.distinct[layer] += len(counts)
+        self.passes[layer] += 1
+
+    def choose(
+        self,
+        layer: int,
+        *,
+        prefetch_counts: np.ndarray,
+        memory_capacity: np.ndarray,
+        io_capacity: float,
+        slots: int,
+        cpu_per_slot: float,
+        gpu_per_expert: float,
+    ) -> ThresholdChoice:
+        passes = max(self.passes[layer], 1)
+        cpu = self.cpu_share[layer] / passes * slots * cpu_per_slot
+        gpu = self.gpu_share[layer] / passes * (self.distinct[layer] / passes) * gpu_per_expert
+        choice = solve_threshold(prefetch_counts, io_capacity, memory_capacity, cpu, gpu)
+        self.choices += 1
+        self.tau_sum += choice.tau
+        self.infeasible += not choice.feasible
+        return choice

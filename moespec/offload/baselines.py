@@ -1,0 +1,135 @@
+"""Baseline offload policies, under the same cache budget and interface as SpAc.
+
+- `LRUPolicy`: on-demand loading with a least-recently-used cache per layer (Mixtral-offloading
+  style): every expert a pass needs runs on the accelerator; a miss is copied now and the layer
+  waits for it; the victim is the least recently used expert of the same layer (of the layer
+  holding most experts when none of its own can leave). One global LRU order would thrash:
+  layers are visited cyclically, and a pass over all of them needs more experts than a 25%
+  cache holds, so every expert would be evicted just before its layer came round again.
+  When nothing can leave the cache (all in use: a budget below one layer's needs), the expert
+  runs on the CPU instead, and the simulator counts it.
+- `StaticPolicy`: the most frequent experts of the fit split placed once (llama.cpp `-ot`,
+  Fiddler style), every other expert computed on the CPU; nothing moves at run time.
+- `HybridPolicy` (HybriMoE-like, our reading of Zhong et al. 2025 from seed 003 App. I.3): a
+  score-based cache (score = exponentially decayed slot count, lowest score evicted); per layer
+  a greedy CPU/accelerator split over the misses, hottest first, each to the side that finishes
+  the layer sooner by the learned unit times; and a next-layer prefetch of the top_k
+  highest-scored experts of layer l + 1 not cached, issued when layer l's routing is known.
+"""
+
+from collections import OrderedDict, deque
+
+import numpy as np
+
+from moespec.offload.policy import EMPTY, LayerPlan, OffloadPolicy
+
+
+class LRUPolicy(OffloadPolicy):
+    name = "lru"
+
+    def reset(self, cache, *, draft_length: int, top_k: int) -> None:
+        # Per layer: expert -> None, least recently used first.
+        self._order = [OrderedDict() for _ in range(cache.num_layers)]
+        super().reset(cache, draft_length=draft_length, top_k=top_k)
+
+    def admitted(self, layer: int, expert: int) -> None:
+        self._order[layer][expert] = None
+
+    def plan_layer(self, layer, experts, counts, now) -> LayerPlan:
+        cached = self.cache.present[layer, experts]
+        for e in experts[cached]:
+            self._order[layer].move_to_end(int(e))
+        return LayerPlan(accelerator=experts, cpu=EMPTY, fetch=experts[~cached])
+
+    def choose_victim(self, layer, expert, now):
+        fullest = sorted(range(len(self._order)), key=lambda lv: -len(self._order[lv]))
+        for victim_layer in [layer, *fullest]:
+            order = self._order[victim_layer]
+            for e in order:
+                if self.cache.evictable(victim_layer, e, now):
+                    del order[e]
+                    return victim_layer, e
+        return None
+
+
+class StaticPolicy(OffloadPolicy):
+    name = "static"
+
+    def reset(self, cache, *, draft_length: int, top_k: int) -> None:
+        if getattr(self, "frequencies_", None) is None:
+            raise ValueError("static placement needs fit(trace) first (the frequencies to place)")
+        super().reset(cache, draft_length=draft_length, top_k=top_k)
+
+    def plan_layer(self, layer, experts, counts, now) -> LayerPlan:
+        cached = self.cache.present[layer, experts]
+        return LayerPlan(accelerator=experts[cached], cpu=experts[~cached], fetch=EMPTY)
+
+
+class HybridPolicy(OffloadPolicy):
+    name = "hybrid"
+
+    def __init__(self, decay: float = 0.8):
+        if not 0 <= decay < 1:
+            raise ValueError(f"score decay must be in [0, 1), got {decay}")
+        self.decay = decay
+
+    def reset(self, cache, *, draft_length: int, top_k: int) -> None:
+        self.scores = np.zeros((cache.num_layers, cache.num_experts))  # [L, N]
+        self._queue = deque()
+        super().reset(cache, draft_length=draft_length, top_k=top_k)
+
+    def plan_layer(self, layer, experts, counts, now) -> LayerPlan:
+        self._queue.clear()  # this layer's prefetches not started: the greedy decides them
+        cached = self.cache.present[layer, experts]
+        absent, absent_counts = experts[~cached], counts[~cached]
+        fetch = self._greedy_fetch(int(cached.sum()), absent[np.argsort(-absent_counts)])
+        on_cpu = np.setdiff1d(absent, fetch)
+        self._prefetch_next(layer)
+        return LayerPlan(
+            accelerator=np.concatenate([experts[cached], fetch]), cpu=on_cpu, fetch=fetch
+        )
+
+    def _greedy_fetch(self, cached: int, absent_hot_first: np.ndarray) -> np.ndarray:
+        t = self.unit_times
+        gpu, cpu, io = t.accelerator_per_expert, t.cpu_per_expert, t.copy_per_expert
+        if gpu is None or cpu is None or io is None:
+            return EMPTY  # nothing learned yet: misses run on the CPU
+        gpu_end, cpu_end, link_end, fetched = cached * gpu, 0.0, 0.0, []
+        for e in absent_hot_first:
+            via_link = max(max(gpu_end, link_end + io) + gpu, cpu_end)
+            via_cpu = max(gpu_end, cpu_end + cpu)
+            if via_link < via_cpu:
+                link_end += io
+                gpu_end = max(gpu_end, link_end) + gpu
+                fetched.append(int(e))
+            else:
+                cpu_end += cpu
+        return np.array(fetched, dtype=np.int64)
+
+    def _prefetch_next(self, layer: int) -> None:
+        nxt = (layer + 1) % self.cache.num_layers
+        candidates = np.flatnonzero(~self.cache.present[nxt] & (self.scores[nxt] > 0))
+        best = candidates[np.argsort(-self.scores[nxt, candidates], kind="stable")]
+        self._queue.extend((nxt, int(e)) for e in best[: self.top_k])
+
+    def end_layer(self, layer, experts, counts) -> None:
+        self.scores[layer] *= self.decay
+        self.scores[layer, experts] += counts
+
+    def next_prefetch(self):
+        while self._queue:
+            item = self._queue.popleft()
+            if not self.cache.present[item]:
+                return item
+        return None
+
+    def choose_victim(self, layer, expert, now):
+        c = self.cache
+        can_leave = c.present & ~c.pinned & (c.ready_at <= now)
+        if not can_leave.any():
+            return None
+        flat = int(np.argmin(np.where(can_leave, self.scores, np.inf)))
+        return divmod(flat, c.num_experts)
+
+    def predicted_hot(self, layer: int) -> np.ndarray:
+        return self.scores[layer] >= 1  # a decayed count of at least one slot

@@ -1,0 +1,69 @@
+"""Scores of a simulation: hot/cold prediction accuracy and frequency sMAPE (seed 003 §4.3, App. B).
+
+Hot/cold accuracy: at every pass and layer, a policy's forecast of which experts will be active
+(utility >= tau = 1 for SpAc) against which are (slot count >= 1); the share of the N experts
+predicted right, averaged over passes per layer, then over layers.
+
+Frequency sMAPE: for consecutive passes' frequencies f_{t-1}, f_t of every (layer, expert),
+2 |f_t - f_{t-1}| / (|f_t| + |f_{t-1}|), zero when both vanish (those pairs count, as zeros);
+the mean over pairs, layers and experts.
+"""
+
+import numpy as np
+
+
+class AccuracyMeter:
+    def __init__(self, num_layers: int):
+        self.correct = np.zeros(num_layers)
+        self.total = np.zeros(num_layers)
+
+    def update(self, layer: int, predicted_hot: np.ndarray, counts: np.ndarray) -> None:
+        self.correct[layer] += np.count_nonzero(predicted_hot == (counts > 0))
+        self.total[layer] += len(counts)
+
+    def value(self) -> float | None:
+        seen = self.total > 0
+        return float((self.correct[seen] / self.total[seen]).mean()) if seen.any() else None
+
+
+class SmapeMeter:
+    def __init__(self):
+        self.previous = None
+        self.sum = 0.0
+        self.pairs = 0
+
+    def update(self, frequencies: np.ndarray) -> None:
+        """One pass's frequencies [L, N] (slot counts)."""
+        f = np.asarray(frequencies, dtype=float)
+        if self.previous is not None:
+            self.sum += float(smape_terms(self.previous, f).sum())
+            self.pairs += f.size
+        self.previous = f
+
+    def value(self) -> float | None:
+        return self.sum / self.pairs if self.pairs else None
+
+
+def smape_terms(previous: np.ndarray, current: np.ndarray) -> np.ndarray:
+    """Elementwise 2|f_t - f_{t-1}| / (|f_t| + |f_{t-1}|), 0 where both are 0."""
+    total = np.abs(previous) + np.abs(current)
+    out = np.zeros_like(total, dtype=float)
+    np.divide(2 * np.abs(current - previous), total, out=out, where=total > 0)
+    return out
+
+
+def hot_cold_accuracy(predicted_hot: np.ndarray, counts: np.ndarray) -> float | None:
+    """predicted_hot [S, L, N] bool and counts [S, L, N]: accuracy averaged over layers."""
+    meter = AccuracyMeter(counts.shape[1])
+    for s in range(counts.shape[0]):
+        for layer in range(counts.shape[1]):
+            meter.update(layer, predicted_hot[s, layer], counts[s, layer])
+    return meter.value()
+
+
+def frequency_smape(frequencies: np.ndarray) -> float | None:
+    """frequencies [S, L, N] of consecutive passes: the mean sMAPE of App. B."""
+    meter = SmapeMeter()
+    for f in frequencies:
+        meter.update(f)
+    return meter.value()

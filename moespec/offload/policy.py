@@ -1,0 +1,273 @@
+"""The offload policy interface, shared by the simulator and (later) the engine.
+
+An expert lives in the host store; the accelerator holds an `ExpertCache` of some experts under
+a byte budget. For every verification pass (one step) and every MoE layer l, once the router has
+named the pass's experts E_l with slot counts c_e, the policy returns a `LayerPlan`:
+
+    accelerator   experts computed on the accelerator: resident, arriving, or fetched now
+    cpu           experts computed on the CPU, where the host store holds them
+    fetch         the absent experts among `accelerator`: copied now, ahead of any prefetch
+
+Between layers and steps the policy feeds a prefetch queue the link pulls from
+(`next_prefetch`), and names an eviction victim when a copy needs room (`choose_victim`). The
+caller (simulator or engine) owns time and the link, enforces the budget and the pins, and
+reports timings back (`observe_layer`, `observe_step`) so a policy can learn its coefficients.
+
+Call order per step: begin_step, then per layer: plan_layer, [choose_victim / admitted while
+copies start], end_layer, observe_layer; then end_step(accepted).
+"""
+
+from dataclasses import dataclass
+
+import numpy as np
+
+
+class CacheBudgetError(RuntimeError):
+    """A policy tried to exceed the cache budget or to evict an expert in use."""
+
+
+class ExpertCache:
+    """Which experts (layer, expert) occupy accelerator memory, under `budget_bytes`.
+
+    An expert occupies its bytes from the moment its copy starts; it is usable from
+    `ready_at[l, e]` (inf when absent). Pinned experts (in use by the layer being computed)
+    and experts still arriving cannot be evicted.
+    """
+
+    def __init__(self, expert_bytes, num_experts: int, budget_bytes: int):
+        self.expert_bytes = np.asarray(expert_bytes, dtype=np.int64)  # [L]
+        self.num_layers = len(self.expert_bytes)
+        self.num_experts = num_experts
+        self.budget_bytes = int(budget_bytes)
+        if self.budget_bytes < 0:
+            raise ValueError(f"cache budget must be >= 0 bytes, got {budget_bytes}")
+        self.ready_at = np.full((self.num_layers, num_experts), np.inf)  # [L, N]
+        self.present = np.zeros((self.num_layers, num_experts), dtype=bool)  # [L, N]
+        self.pinned = np.zeros((self.num_layers, num_experts), dtype=bool)  # [L, N]
+        self.used_bytes = 0
+        self.peak_bytes = 0
+
+    @property
+    def free_bytes(self) -> int:
+        return self.budget_bytes - self.used_bytes
+
+    def fits(self, layer: int) -> bool:
+        return self.expert_bytes[layer] <= self.free_bytes
+
+    def capacity(self) -> int:
+        """Experts the budget holds at the largest expert size (a conservative count)."""
+        return int(self.budget_bytes // max(int(self.expert_bytes.max()), 1))
+
+    def insert(self, layer: int, expert: int, ready_at: float = 0.0) -> None:
+        if self.present[layer, expert]:
+            raise CacheBudgetError(f"expert {expert} of layer {layer} is already cached")
+        if not self.fits(layer):
+            raise CacheBudgetError(
+                f"caching expert {expert} of layer {layer} would exceed the budget "
+                f"({self.used_bytes} + {self.expert_bytes[layer]} > {self.budget_bytes} bytes)"
+            )
+        self.present[layer, expert] = True
+        self.ready_at[layer, expert] = ready_at
+        self.used_bytes += int(self.expert_bytes[layer])
+        self.peak_bytes = max(self.peak_bytes, self.used_bytes)
+
+    def evictable(self, layer: int, expert: int, now: float) -> bool:
+        return (
+            bool(self.present[layer, expert])
+            and not self.pinned[layer, expert]
+            and self.ready_at[layer, expert] <= now
+        )
+
+    def evict(self, layer: int, expert: int, now: float) -> None:
+        if not self.present[layer, expert]:
+            raise CacheBudgetError(f"expert {expert} of layer {layer} is not cached")
+        if self.pinned[layer, expert]:
+            raise CacheBudgetError(f"expert {expert} of layer {layer} is in use")
+        if self.ready_at[layer, expert] > now:
+            raise CacheBudgetError(f"expert {expert} of layer {layer} is still arriving")
+        self.present[layer, expert] = False
+        self.ready_at[layer, expert] = np.inf
+        self.used_bytes -= int(self.expert_bytes[layer])
+
+    def ready(self, layer: int, experts: np.ndarray, now: float) -> np.ndarray:
+        """Bool mask over `experts`: resident and arrived by `now`."""
+        return self.ready_at[layer, experts] <= now
+
+
+@dataclass
+class LayerPlan:
+    accelerator: np.ndarray  # expert ids computed on the accelerator
+    cpu: np.ndarray  # expert ids computed on the CPU
+    fetch: np.ndarray  # absent experts of `accelerator`, copied on demand (blocking)
+
+
+@dataclass
+class LayerTiming:
+    """What the caller measured for one layer of one pass (seconds and counts)."""
+
+    layer: int
+    seconds: float  # router output to the end of the layer's experts
+    cpu_seconds: float  # CPU busy time on the layer's CPU experts
+    cpu_slots: int  # (token, expert) pairs computed on the CPU
+    cpu_experts: int
+    accelerator_seconds: float  # accelerator busy time on the layer's experts
+    accelerator_experts: int
+    copy_seconds: float  # link time of copies started during the layer
+    copies: int
+
+
+class UnitTimes:
+    """Running means of the unit times a policy plans with, learned from observed timings.
+
+    T^u_cpu per CPU slot and per CPU expert, T^u_gpu per accelerator expert, T^u_io per copy
+    (seed 003 eq. 7-10), the draft time per drafted token, and each layer's mean time.
+    Each is None until observed.
+    """
+
+    _KEYS = (
+        "cpu_seconds",
+        "cpu_slots",
+        "cpu_experts",
+        "acc_seconds",
+        "acc_experts",
+        "copy_seconds",
+        "copies",
+        "draft_seconds",
+        "drafted",
+    )
+
+    def __init__(self, num_layers: int):
+        self.sums = dict.fromkeys(self._KEYS, 0.0)
+        self.layer_seconds = np.zeros(num_layers)
+        self.layer_passes = np.zeros(num_layers)
+
+    def observe_layer(self, t: LayerTiming) -> None:
+        s = self.sums
+        s["cpu_seconds"] += t.cpu_seconds
+        s["cpu_slots"] += t.cpu_slots
+        s["cpu_experts"] += t.cpu_experts
+        s["acc_seconds"] += t.accelerator_seconds
+        s["acc_experts"] += t.accelerator_experts
+        s["copy_seconds"] += t.copy_seconds
+        s["copies"] += t.copies
+        self.layer_seconds[t.layer] += t.seconds
+        self.layer_passes[t.layer] += 1
+
+    def observe_draft(self, seconds: float, drafted: int) -> None:
+        self.sums["draft_seconds"] += seconds
+        self.sums["drafted"] += drafted
+
+    def _ratio(self, numerator: str, denominator: str) -> float | None:
+        d = self.sums[denominator]
+        return self.sums[numerator] / d if d > 0 else None
+
+    @property
+    def cpu_per_slot(self) -> float | None:
+        return self._ratio("cpu_seconds", "cpu_slots")
+
+    @property
+    def cpu_per_expert(self) -> float | None:
+        return self._ratio("cpu_seconds", "cpu_experts")
+
+    @property
+    def accelerator_per_expert(self) -> float | None:
+        return self._ratio("acc_seconds", "acc_experts")
+
+    @property
+    def copy_per_expert(self) -> float | None:
+        return self._ratio("copy_seconds", "copies")
+
+    @property
+    def draft_per_token(self) -> float | None:
+        return self._ratio("draft_seconds", "drafted")
+
+    def mean_layer_seconds(self, layer: int) -> float | None:
+        n = self.layer_passes[layer]
+        return self.layer_seconds[layer] / n if n else None
+
+
+class OffloadPolicy:
+    """Base class: hyperparameters in __init__, `fit(trace)` for offline statistics, `reset`
+    per run. The default start is the same for every policy: the cache preloaded with the
+    experts most frequent in the fit split (when fitted), highest first, until the budget is full.
+    """
+
+    name = "policy"
+    speculative = True  # False: the simulator runs plain decoding (one token per step)
+
+    def fit(self, trace) -> "OffloadPolicy":
+        """Slot counts per (layer, expert) over a fit split of routing: frequencies_ [L, N]."""
+        ids = np.asarray(trace.expert_ids)  # [T, L, m]
+        layers, experts = ids.shape[1], trace.num_experts
+        flat = ids.astype(np.int64) + experts * np.arange(layers)[None, :, None]
+        counts = np.bincount(flat.ravel(), minlength=layers * experts)
+        self.frequencies_ = counts.reshape(layers, experts)
+        return self
+
+    def reset(self, cache: ExpertCache, *, draft_length: int, top_k: int) -> None:
+        self.cache = cache
+        self.draft_length = draft_length
+        self.top_k = top_k
+        self.unit_times = UnitTimes(cache.num_layers)
+        if getattr(self, "frequencies_", None) is not None:
+            self.preload(self.frequencies_)
+
+    def preload(self, frequencies: np.ndarray) -> list[tuple[int, int]]:
+        """Fill the cache with the most frequent experts (ties: lower layer, lower id)."""
+        cache = self.cache
+        order = np.argsort(-frequencies.ravel(), kind="stable")
+        loaded = []
+        for flat in order:
+            if frequencies.flat[flat] <= 0:
+                break
+            layer, expert = divmod(int(flat), cache.num_experts)
+            if cache.fits(layer) and not cache.present[layer, expert]:
+                cache.insert(layer, expert, ready_at=-np.inf)
+                self.admitted(layer, expert)
+                loaded.append((layer, expert))
+        return loaded
+
+    # Per step and layer.
+    def begin_step(self, n_tokens: int) -> None:
+        pass
+
+    def plan_layer(self, layer: int, experts: np.ndarray, counts: np.ndarray, now: float):
+        raise NotImplementedError
+
+    def end_layer(self, layer: int, experts: np.ndarray, counts: np.ndarray) -> None:
+        pass
+
+    def end_step(self, accepted: int) -> None:
+        pass
+
+    # The link and the cache.
+    def next_prefetch(self) -> tuple[int, int] | None:
+        return None
+
+    def choose_victim(self, layer: int, expert: int, now: float) -> tuple[int, int] | None:
+        """An evictable (layer, expert) to make room for `expert` of `layer`, or None."""
+        return None
+
+    def admitted(self, layer: int, expert: int) -> None:
+        """`expert` of `layer` now occupies the cache (its copy started, or it was preloaded)."""
+
+    # Feedback and introspection.
+    def observe_layer(self, timing: LayerTiming) -> None:
+        self.unit_times.observe_layer(timing)
+
+    def observe_draft(self, seconds: float, drafted: int) -> None:
+        self.unit_times.observe_draft(seconds, drafted)
+
+    def predicted_hot(self, layer: int) -> np.ndarray | None:
+        """Bool [N]: the experts predicted active in this layer's next pass (None: no forecast)."""
+        return None
+
+    def stats(self) -> dict:
+        return {}
+
+
+def split_by_mask(experts: np.ndarray, mask: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    return experts[mask], experts[~mask]
+
+
+EMPTY = np.zeros(0, dtype=np.int64)

@@ -1,0 +1,381 @@
+"""Trace-driven simulation of offloaded MoE decoding on a hardware profile.
+
+Steps. With speculation (draft length k, geometric acceptance a, seeded) a step drafts k tokens
+and verifies the next n = k + 1 tokens of the trace in one pass (fewer at a document's end);
+j ~ min(Geometric, k) drafts are accepted and the step emits j + 1 tokens, which advance the
+trace. Approximation: a rejected draft is routed like the trace's next token (the trace has no
+routing for tokens that were never generated). The acceptance draws depend on the seed only,
+so every policy sees the same steps. A policy with `speculative = False` runs plain decoding:
+n = 1, no draft. The first `fit_tokens` tokens of the trace are the fit split (policies' `fit`),
+the rest is replayed.
+
+Timing model (one, for every policy). Expert e of MoE layer l with c_e slots in the pass,
+w_l its bytes, q_l = 2 w_l / (bytes per parameter) its FLOPs per token:
+
+    accelerator   a_l(c) = phi_acc + w_l / B_acc + c q_l / F_acc
+    CPU           g_l(c) = phi_cpu + w_l / B_cpu + c q_l / F_cpu
+    copy          x_l    = lambda_link + w_l / B_link      (one copy engine, copies in sequence)
+    hidden states z      = 2 (lambda_link + n d 2 / B_link) per layer with CPU experts (d: hidden)
+    dense         d_l    = D_l / B_acc    (attention, router, shared experts: D_l bytes per layer)
+    draft         h(k)   = k D_draft / B_acc   (the draft model on the accelerator)
+
+A step starting at t0 drafts on the accelerator until t0 + h(k); layer l of the pass starts at
+t_l (t_0 = t0 + h(k)) and its router output is known at r_l = t_l + d_l, when the policy plans.
+The link runs all the while: on-demand fetches first, in the order planned, then prefetches as
+the policy's queue yields them, each starting when the link is free (prefetches overlap the
+draft and earlier layers; a copy holds its cache bytes from its start). Then, in parallel:
+
+    accelerator  G_l = r_l + sum of a_l over experts arrived by r_l, then for each awaited
+                 expert in order of arrival: G_l = max(G_l, arrival) + a_l(c)
+    CPU          C_l = r_l + z + sum of g_l over the CPU experts
+    layer end    t_{l+1} = max(G_l, C_l)
+
+The step ends at t_L; tokens/s = emitted tokens / total time. The CPU and accelerator memory
+buses are assumed independent, and the link's other direction (hidden states) free.
+"""
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from moespec.offload.hardware import HardwareProfile
+from moespec.offload.metrics import AccuracyMeter, SmapeMeter
+from moespec.offload.policy import CacheBudgetError, ExpertCache, LayerTiming
+
+
+class PlanError(RuntimeError):
+    """A policy's layer plan does not compute every needed expert exactly once."""
+
+
+@dataclass
+class SimulationSettings:
+    cache_ratio: float = 0.25  # cache budget: this share of all expert bytes
+    draft_length: int = 8  # k
+    acceptance: float = 0.7  # a
+    tokens: int = 2048  # tokens to emit (fewer if the replayed trace ends first)
+    seed: int = 0
+    fit_tokens: int = 0  # the trace's first tokens, for `fit`; not replayed
+    draft_bytes_ratio: float = 0.08  # draft model bytes / all expert bytes (seed 003 A.1: 8%)
+    dense_bytes_per_layer: float = 0.0  # D_l
+    hidden_size: int = 0  # d; 0: hidden-state round trips cost the link latency only
+    bytes_per_parameter: float = 2.0  # bf16
+    record: bool = False  # keep a per-layer log (for checks; slow and large on long runs)
+
+    def __post_init__(self):
+        if not 0 <= self.cache_ratio <= 1:
+            raise ValueError(f"cache ratio must be in [0, 1], got {self.cache_ratio}")
+        if self.draft_length < 0:
+            raise ValueError(f"draft length must be >= 0, got {self.draft_length}")
+        if not 0 <= self.acceptance < 1:
+            raise ValueError(f"acceptance must be in [0, 1), got {self.acceptance}")
+        if self.tokens < 1:
+            raise ValueError(f"tokens must be >= 1, got {self.tokens}")
+
+
+@dataclass
+class SimulationResult:
+    policy: str
+    tokens: int
+    steps: int
+    seconds: float
+    hits: int
+    needed: int
+    bytes_moved: int
+    copies: int
+    fetches: int
+    cpu_experts: int
+    fallback_cpu: int
+    preload_bytes: int
+    peak_cache_bytes: int
+    budget_bytes: int
+    accuracy: float | None
+    smape: float | None
+    policy_stats: dict = field(default_factory=dict)
+    log: dict | None = None
+
+    @property
+    def tokens_per_second(self) -> float:
+        return self.tokens / self.seconds if self.seconds > 0 else 0.0
+
+    @property
+    def latency_per_token(self) -> float:
+        return self.seconds / self.tokens if self.tokens else 0.0
+
+    @property
+    def hit_rate(self) -> float:
+        return self.hits / self.needed if self.needed else 0.0
+
+    def to_dict(self) -> dict:
+        return {
+            "policy": self.policy,
+            "tokens_per_second": self.tokens_per_second,
+            "latency_per_token_ms": self.latency_per_token * 1e3,
+            "hit_rate": self.hit_rate,
+            "bytes_moved": self.bytes_moved,
+            "hot_cold_accuracy": self.accuracy,
+            "frequency_smape": self.smape,
+            "tokens": self.tokens,
+            "steps": self.steps,
+            "seconds": self.seconds,
+            "copies": self.copies,
+            "on_demand_fetches": self.fetches,
+            "cpu_experts": self.cpu_experts,
+            "cpu_fallbacks": self.fallback_cpu,
+            "needed_experts": self.needed,
+            "preload_bytes": self.preload_bytes,
+            "peak_cache_bytes": self.peak_cache_bytes,
+            "budget_bytes": self.budget_bytes,
+            **self.policy_stats,
+        }
+
+
+class _Costs:
+    """Per-layer unit times of the timing model (see module docstring)."""
+
+    def __init__(self, trace, profile: HardwareProfile, s: SimulationSettings):
+        w = np.asarray(trace.expert_bytes, dtype=float)  # [L]
+        q = 2 * w / s.bytes_per_parameter
+        p = profile
+        self.acc_expert = p.accelerator_expert_time + w / p.accelerator_bandwidth
+        self.acc_slot = q / p.accelerator_flops
+        self.cpu_expert = p.cpu_expert_time + w / p.cpu_bandwidth
+        self.cpu_slot = q / p.cpu_flops
+        self.copy = p.link_latency + w / p.link_bandwidth
+        self.dense = s.dense_bytes_per_layer / p.accelerator_bandwidth
+        self.link_latency, self.link_bandwidth = p.link_latency, p.link_bandwidth
+        self.hidden_bytes_per_token = 2 * s.hidden_size
+        draft_bytes = s.draft_bytes_ratio * trace.num_experts * w.sum()
+        self.draft_token = draft_bytes / p.accelerator_bandwidth
+
+    def hidden_round_trip(self, n_tokens: int) -> float:
+        return 2 * (
+            self.link_latency + n_tokens * self.hidden_bytes_per_token / self.link_bandwidth
+        )
+
+
+class _Link:
+    """One copy engine: copies run in sequence; fetches go first, then the prefetch queue."""
+
+    def __init__(self, cache: ExpertCache, policy, costs: _Costs, log):
+        self.cache, self.policy, self.costs, self.log = cache, policy, costs, log
+        self.free_at = 0.0
+        self.bytes_moved = self.copies = 0
+        self.layer_copy_seconds = 0.0
+        self.layer_copies = 0
+
+    def advance(self, now: float) -> None:
+        """Start queued prefetches while the link is free before `now`."""
+        while self.free_at < now:
+            item = self.policy.next_prefetch()
+            if item is None:
+                self.free_at = now  # idle until now: later requests cannot start earlier
+                return
+            self.copy(*item, earliest=self.free_at, kind="prefetch")
+
+    def copy(self, layer: int, expert: int, *, earliest: float, kind: str) -> float | None:
+        """Copy one expert; its arrival time, or None when the policy frees no room."""
+        cache, start = self.cache, max(self.free_at, earliest)
+        while not cache.fits(layer):
+            victim = self.policy.choose_victim(layer, expert, start)
+            if victim is None:
+                return None
+            cache.evict(*victim, now=start)
+            if self.log is not None:
+                self.log["events"].append(("evict", start, *victim))
+        arrival = start + self.costs.copy[layer]
+        cache.insert(layer, expert, ready_at=arrival)
+        self.policy.admitted(layer, expert)
+        self.free_at = arrival
+        nbytes = int(cache.expert_bytes[layer])
+        self.bytes_moved += nbytes
+        self.copies += 1
+        self.layer_copy_seconds += arrival - start
+        self.layer_copies += 1
+        if self.log is not None:
+            self.log["events"].append(("copy", start, layer, expert, nbytes, kind))
+        return arrival
+
+
+def _check_plan(plan, experts, cache, layer, now) -> None:
+    together = np.concatenate([plan.accelerator, plan.cpu])
+    if len(together) != len(experts) or not np.array_equal(np.sort(together), experts):
+        raise PlanError(f"layer {layer}: the plan does not compute every needed expert once")
+    if len(plan.fetch) and (
+        cache.present[layer, plan.fetch].any() or not np.isin(plan.fetch, plan.accelerator).all()
+    ):
+        raise PlanError(f"layer {layer}: fetches must be absent experts planned on the accelerator")
+    stay = np.setdiff1d(plan.accelerator, plan.fetch)
+    if not cache.present[layer, stay].all():
+        raise PlanError(f"layer {layer}: an absent expert is planned on the accelerator unfetched")
+
+
+def _step_counts(window: np.ndarray, num_experts: int) -> np.ndarray:
+    """Slot counts [L, N] of a pass's routing window [n, L, m]."""
+    layers = window.shape[1]
+    flat = window.astype(np.int64) + num_experts * np.arange(layers)[None, :, None]
+    return np.bincount(flat.ravel(), minlength=layers * num_experts).reshape(layers, num_experts)
+
+
+def simulate(trace, policy, profile: HardwareProfile, settings: SimulationSettings):
+    """Replay `trace` through `policy` on `profile`; return a SimulationResult."""
+    run = _Run(trace, policy, profile, settings)
+    while run.emitted < settings.tokens and run.next_pass():
+        pass
+    return run.result()
+
+
+class _Run:
+    def __init__(self, trace, policy, profile, s: SimulationSettings):
+        if not 0 <= s.fit_tokens < trace.num_tokens:
+            raise ValueError(f"fit_tokens must leave tokens to replay (trace: {trace.num_tokens})")
+        self.trace, self.policy, self.s = trace, policy, s
+        self.costs = _Costs(trace, profile, s)
+        total = trace.num_experts * int(np.sum(trace.expert_bytes))
+        self.cache = ExpertCache(trace.expert_bytes, trace.num_experts, int(s.cache_ratio * total))
+        # The log (record=True): per-layer plans, and copies and evictions in the order done.
+        self.log = {"layers": [], "events": []} if s.record else None
+        self.link = _Link(self.cache, policy, self.costs, self.log)
+        self.k = s.draft_length if policy.speculative else 0
+        policy.reset(self.cache, draft_length=self.k, top_k=trace.top_k)
+        self.preload_bytes = self.cache.used_bytes
+        self.rng = np.random.default_rng(s.seed)
+        self.accuracy = AccuracyMeter(trace.num_layers)
+        self.smape = SmapeMeter()
+        self.pos, self.time, self.emitted, self.steps = s.fit_tokens, 0.0, 0, 0
+        self.hits = self.needed = self.fetches = self.cpu_experts = self.fallback = 0
+
+    def _doc_end(self) -> int:
+        starts = self.trace.doc_starts
+        return int(starts[np.searchsorted(starts, self.pos, side="right")])
+
+    def next_pass(self) -> bool:
+        if self.pos >= self.trace.num_tokens:
+            return False
+        n = min(self.k + 1, self._doc_end() - self.pos)
+        drafts = self.rng.random(self.k) < self.s.acceptance  # drawn whatever n is: same steps
+        accepted = int(np.argmin(drafts)) if not drafts.all() else self.k
+        emitted = min(accepted + 1, n, self.s.tokens - self.emitted)
+        counts = _step_counts(
+            self.trace.expert_ids[self.pos : self.pos + n], self.trace.num_experts
+        )
+        self.smape.update(counts)
+        self.policy.begin_step(n)
+        draft = (n - 1) * self.costs.draft_token
+        self.policy.observe_draft(draft, n - 1)
+        t = self.time + draft
+        for layer in range(self.trace.num_layers):
+            t = self._layer(layer, counts[layer], n, t)
+        self.policy.end_step(emitted - 1)
+        self.time, self.pos = t, self.pos + emitted
+        self.emitted += emitted
+        self.steps += 1
+        return True
+
+    def _layer(self, layer: int, row: np.ndarray, n: int, start: float) -> float:
+        cache, policy, costs, link = self.cache, self.policy, self.costs, self.link
+        experts = np.flatnonzero(row)
+        counts = row[experts]
+        now = start + costs.dense
+        link.advance(now)
+        link.layer_copy_seconds, link.layer_copies = 0.0, 0
+        hot = policy.predicted_hot(layer)
+        if hot is not None:
+            self.accuracy.update(layer, hot, row)
+        self.hits += int(cache.ready(layer, experts, now).sum())
+        self.needed += len(experts)
+        plan = policy.plan_layer(layer, experts, counts, now)
+        _check_plan(plan, experts, cache, layer, now)
+        accelerator, cpu = self._fetch(layer, plan, now)
+        cache.pinned[layer, accelerator] = True
+        acc_busy, acc_end = self._accelerator_time(layer, accelerator, row, now)
+        cpu_busy = 0.0
+        if len(cpu):
+            cpu_busy = (
+                len(cpu) * costs.cpu_expert[layer]
+                + row[cpu].sum() * costs.cpu_slot[layer]
+                + costs.hidden_round_trip(n)
+            )
+        end = max(acc_end, now + cpu_busy)
+        link.advance(end)  # copies that start while the layer computes
+        cache.pinned[layer, accelerator] = False
+        self.cpu_experts += len(cpu)
+        if self.log is not None:
+            self.log["layers"].append(
+                dict(
+                    step=self.steps,
+                    layer=layer,
+                    start=now,
+                    end=end,
+                    needed=experts,
+                    accelerator=accelerator,
+                    cpu=cpu,
+                    fetch=plan.fetch,
+                )
+            )
+        policy.end_layer(layer, experts, counts)
+        policy.observe_layer(
+            LayerTiming(
+                layer,
+                end - now,
+                cpu_busy,
+                int(row[cpu].sum()),
+                len(cpu),
+                acc_busy,
+                len(accelerator),
+                link.layer_copy_seconds,
+                link.layer_copies,
+            )
+        )
+        return end
+
+    def _fetch(self, layer, plan, now):
+        """Issue the plan's on-demand copies; an expert with no room runs on the CPU."""
+        accelerator, cpu = plan.accelerator, plan.cpu
+        self.cache.pinned[layer, np.setdiff1d(accelerator, plan.fetch)] = True
+        failed = []
+        for e in plan.fetch:
+            self.cache.pinned[layer, e] = True
+            if self.link.copy(layer, int(e), earliest=now, kind="fetch") is None:
+                self.cache.pinned[layer, e] = False
+                failed.append(int(e))
+        self.fetches += len(plan.fetch) - len(failed)
+        if failed:
+            self.fallback += len(failed)
+            accelerator = np.setdiff1d(accelerator, failed)
+            cpu = np.concatenate([cpu, failed]).astype(np.int64)
+        return accelerator, cpu
+
+    def _accelerator_time(self, layer, accelerator, row, now) -> tuple[float, float]:
+        costs = self.costs
+        per_expert = costs.acc_expert[layer] + row[accelerator] * costs.acc_slot[layer]
+        arrival = self.cache.ready_at[layer, accelerator]
+        waiting = arrival > now
+        end = now + per_expert[~waiting].sum()
+        order = np.argsort(arrival[waiting], kind="stable")
+        for a, t in zip(arrival[waiting][order], per_expert[waiting][order], strict=True):
+            end = max(end, a) + t
+        return float(per_expert.sum()), float(end)
+
+    def result(self) -> "SimulationResult":
+        if self.cache.peak_bytes > self.cache.budget_bytes:  # insert() forbids it; belt and braces
+            raise CacheBudgetError("the cache exceeded its budget")
+        return SimulationResult(
+            policy=self.policy.name,
+            tokens=self.emitted,
+            steps=self.steps,
+            seconds=self.time,
+            hits=self.hits,
+            needed=self.needed,
+            bytes_moved=self.link.bytes_moved,
+            copies=self.link.copies,
+            fetches=self.fetches,
+            cpu_experts=self.cpu_experts,
+            fallback_cpu=self.fallback,
+            preload_bytes=self.preload_bytes,
+            peak_cache_bytes=self.cache.peak_bytes,
+            budget_bytes=self.cache.budget_bytes,
+            accuracy=self.accuracy.value(),
+            smape=self.smape.value(),
+            policy_stats=self.policy.stats(),
+            log=self.log,
+        )

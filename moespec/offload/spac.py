@@ -1,0 +1,189 @@
+"""MoE-SpAc as an offload policy (seed 003 §3): estimator -> balancer -> prefetch / evict.
+
+Per layer l of a pass:
+  plan_layer  the router has named the pass's experts: cached (or arriving) ones run on the
+              accelerator, the rest on the CPU (a miss is never fetched on demand: "CPU fallback
+              handles prediction errors", App. B.2); this layer's prefetches that have not
+              started are cancelled (they would arrive after they are needed).
+  end_layer   the estimator observes the layer's frequencies (the pass, or the last 10 tokens
+              without speculation) and updates u; the balancer picks tau_l for the next pass;
+              experts with u >= tau_l not cached join the prefetch queue at level u, so the
+              link works on the next pass's experts during the rest of this pass and the draft.
+  victims     lowest utility first, LRU within a utility, and only below the incoming
+              expert's utility (a prefetch never displaces an expert at least as hot).
+
+Ablations (seed 003 Table 2) are `SpAcConfig` switches; see `ABLATIONS`.
+"""
+
+from dataclasses import dataclass, replace
+
+import numpy as np
+
+from moespec.offload.balancer import WorkloadBalancer
+from moespec.offload.estimator import UtilityEstimator
+from moespec.offload.policy import EMPTY, LayerPlan, OffloadPolicy
+from moespec.offload.queues import EvictionPool, PrefetchQueue
+
+
+@dataclass(frozen=True)
+class SpAcConfig:
+    max_utility: int | None = None  # K; None: ceil(log2(gamma + 1))
+    forgetting: float = 0.1  # lambda
+    adaptive_bounds: bool = True  # False: theta_up = 3, theta_down = 1
+    reference: str = "level"  # what Delta compares f with (see estimator)
+    balancer: bool = True  # False: tau = static_tau at every layer and step
+    static_tau: int = 2  # also the tau of the warm-up
+    prefetch: bool = True  # False: static placement from the fit split, no copies
+    evict: bool = True  # False: keep what is cached until the cache is full
+    speculative: bool = True  # False: plain decoding, utility over a window of tokens
+    window_tokens: int = 10  # the window without speculation
+    warmup_steps: int = 8  # steps before the balancer starts (it learns from the first step)
+
+
+ABLATIONS: dict[str, SpAcConfig] = {
+    "spac": SpAcConfig(),
+    "spac-no-estimator": SpAcConfig(max_utility=1),
+    "spac-fixed-bounds": SpAcConfig(adaptive_bounds=False),
+    "spac-static-tau": SpAcConfig(balancer=False),
+    "spac-no-prefetch": SpAcConfig(prefetch=False),
+    "spac-no-evict": SpAcConfig(evict=False),
+    "spac-no-sd": SpAcConfig(speculative=False),
+    "spac-literal-delta": SpAcConfig(reference="previous"),
+}
+
+
+class SpAcPolicy(OffloadPolicy):
+    def __init__(self, config: SpAcConfig | None = None, name: str = "spac"):
+        self.config = config or SpAcConfig()
+        self.name = name
+        self.speculative = self.config.speculative
+
+    def reset(self, cache, *, draft_length: int, top_k: int) -> None:
+        cfg, layers, experts = self.config, cache.num_layers, cache.num_experts
+        if not cfg.prefetch and getattr(self, "frequencies_", None) is None:
+            raise ValueError(f"{self.name}: static placement needs fit(trace) first")
+        window = draft_length + 1 if cfg.speculative else cfg.window_tokens
+        self.estimator = UtilityEstimator(
+            layers,
+            experts,
+            window_tokens=window,
+            max_utility=cfg.max_utility,
+            forgetting=cfg.forgetting,
+            adaptive=cfg.adaptive_bounds,
+            reference=cfg.reference,
+        )
+        k = self.estimator.max_utility
+        self.balancer = WorkloadBalancer(layers, k, cfg.warmup_steps)
+        self.queue = PrefetchQueue(layers, experts, k)
+        self.pool = EvictionPool(layers, experts, k, cache.expert_bytes)
+        self.tau = np.full(layers, min(max(cfg.static_tau, 1), k))
+        # Without speculation, f is the count over the last `window` tokens: a ring of counts.
+        self._ring = np.zeros((1 if cfg.speculative else window, layers, experts))
+        self._step, self._n_tokens, self.cancelled = 0, 1, 0
+        super().reset(cache, draft_length=draft_length, top_k=top_k)
+
+    def admitted(self, layer: int, expert: int) -> None:
+        self.pool.add(layer, expert, int(self.estimator.utility[layer, expert]))
+
+    def begin_step(self, n_tokens: int) -> None:
+        self._n_tokens = n_tokens
+
+    def plan_layer(self, layer, experts, counts, now) -> LayerPlan:
+        u = self.estimator.utility[layer]
+        self.balancer.record(layer, u[experts], counts)
+        self.cancelled += self.queue.cancel_layer(layer)
+        cached = self.cache.present[layer, experts]
+        for e in experts[cached]:
+            self.pool.move(layer, int(e), int(u[e]))  # used now: to the back of its level
+        return LayerPlan(accelerator=experts[cached], cpu=experts[~cached], fetch=EMPTY)
+
+    def end_layer(self, layer, experts, counts) -> None:
+        frequency = self._window_frequency(layer, experts, counts)
+        old = self.estimator.utility[layer].copy()
+        u = self.estimator.update(layer, frequency)
+        present = self.cache.present[layer]
+        for e in np.flatnonzero(present & (u != old)):
+            self.pool.move(layer, int(e), int(u[e]))
+        if not self.config.prefetch:
+            return
+        tau = self.tau[layer] = self._choose_tau(layer)
+        hot = np.flatnonzero((u >= tau) & ~present)
+        for e in hot[np.argsort(-u[hot], kind="stable")]:
+            self.queue.push(layer, int(e), int(u[e]))
+
+    def _window_frequency(self, layer, experts, counts) -> np.ndarray:
+        ring = self._ring
+        slot = self._step % len(ring)
+        ring[slot, layer] = 0
+        ring[slot, layer, experts] = counts
+        return ring[:, layer].sum(axis=0) if len(ring) > 1 else ring[0, layer]
+
+    def _choose_tau(self, layer: int) -> int:
+        cfg, times = self.config, self.unit_times
+        k = self.estimator.max_utility
+        static = min(max(cfg.static_tau, 1), k)
+        known = (times.cpu_per_slot, times.accelerator_per_expert, times.mean_layer_seconds(layer))
+        if not cfg.balancer or self._step < cfg.warmup_steps or None in known:
+            return static
+        u = self.estimator.utility[layer]
+        absent_levels = np.bincount(u[~self.cache.present[layer]], minlength=k + 1)
+        prefetch_counts = np.cumsum(absent_levels[::-1])[::-1][1:]  # n(tau), tau = 1..K
+        # VRAM left(tau): free bytes plus the cached bytes of utility below tau.
+        below = np.cumsum(self.pool.bytes_at)[:-1]  # [K]: bytes at levels < tau
+        w = self.cache.expert_bytes[layer]
+        memory_capacity = (
+            (self.cache.free_bytes + below) / w
+            if cfg.evict
+            else (np.full(k, self.cache.free_bytes / w))
+        )
+        window = known[2] + (times.draft_per_token or 0.0) * self.draft_length / len(self.tau)
+        per_copy = times.copy_per_expert
+        io_capacity = window / per_copy if per_copy else float("inf")
+        choice = self.balancer.choose(
+            layer,
+            prefetch_counts=prefetch_counts,
+            memory_capacity=memory_capacity,
+            io_capacity=io_capacity,
+            slots=self._n_tokens * self.top_k,
+            cpu_per_slot=known[0],
+            gpu_per_expert=known[1],
+        )
+        return choice.tau
+
+    def end_step(self, accepted: int) -> None:
+        self._step += 1
+
+    def next_prefetch(self):
+        while (item := self.queue.pop()) is not None:
+            if not self.cache.present[item]:
+                return item
+        return None
+
+    def choose_victim(self, layer, expert, now):
+        if not self.config.evict:
+            return None
+        incoming = int(self.estimator.utility[layer, expert])
+        key = self.pool.victim(incoming, lambda lv, ev: self.cache.evictable(lv, ev, now))
+        if key is not None:
+            self.pool.remove(*key)
+        return key
+
+    def predicted_hot(self, layer: int) -> np.ndarray:
+        return self.estimator.utility[layer] >= 1  # seed 003 §4.3: threshold 1
+
+    def stats(self) -> dict:
+        b = self.balancer
+        return {
+            "max_utility": self.estimator.max_utility,
+            "mean_tau": b.tau_sum / b.choices if b.choices else float(self.tau.mean()),
+            "balancer_choices": b.choices,
+            "balancer_infeasible": b.infeasible,
+            "cancelled_prefetches": self.cancelled,
+        }
+
+
+def spac_variant(name: str, **overrides) -> SpAcPolicy:
+    """A SpAc policy by ablation name (see ABLATIONS), with config fields overridden."""
+    if name not in ABLATIONS:
+        raise ValueError(f"unknown SpAc variant {name!r} (known: {', '.join(ABLATIONS)})")
+    return SpAcPolicy(replace(ABLATIONS[name], **overrides), name=name)

@@ -1,0 +1,84 @@
+"""What the simulator replays: a routing trace, its fit split, and the bytes outside the experts.
+
+`synthetic_workload` builds a full-size trace for a named model shape from the locality process
+fitted to a target rho(2) (the published value of the shape by default); `trace_workload` reads
+a recorded trace. Dense bytes per layer (read once per pass, on the accelerator): the shared
+experts of the shape plus an attention estimate of 4 d^2 bf16 weights (q, k, v, o at full
+width; grouped-query attention reads less, so this errs towards slower passes for everyone).
+"""
+
+from dataclasses import dataclass
+
+from moespec.routing import RoutingTrace
+
+ATTENTION_BYTES_PER_HIDDEN2 = 4 * 2  # 4 d x d projections in bf16
+
+
+@dataclass
+class Workload:
+    name: str
+    trace: RoutingTrace
+    fit_tokens: int  # the trace's first tokens: the fit split, not replayed
+    dense_bytes_per_layer: float = 0.0
+    hidden_size: int = 0
+
+    def fit_trace(self) -> RoutingTrace:
+        """The fit split as a trace of its own (for `policy.fit`)."""
+        t = self.trace
+        return RoutingTrace(
+            expert_ids=t.expert_ids[: self.fit_tokens],
+            doc_starts=[0, self.fit_tokens],
+            doc_names=["fit"],
+            num_experts=t.num_experts,
+            expert_bytes=list(t.expert_bytes),
+            layer_indices=list(t.layer_indices),
+            model=t.model,
+        )
+
+
+def synthetic_workload(
+    model: str,
+    *,
+    tokens: int,
+    fit_tokens: int = 512,
+    reuse2: float | None = None,
+    popularity_skew: float = 0.5,
+    documents: int = 1,
+    seed: int = 0,
+) -> Workload:
+    from moespec.routing.shapes import get_shape
+    from moespec.routing.synthetic import LocalityProcess, synthetic_trace
+
+    shape = get_shape(model)
+    target = reuse2 if reuse2 is not None else shape.published_reuse2
+    if target is None:
+        raise ValueError(f"{model} has no published rho(2): pass --reuse2")
+    process = LocalityProcess(shape.num_experts, shape.top_k, popularity_skew=popularity_skew).fit(
+        target, seed=seed
+    )
+    trace = synthetic_trace(
+        process,
+        num_layers=shape.num_layers,
+        tokens=fit_tokens + tokens,
+        documents=documents,
+        expert_bytes=shape.expert_bytes,
+        layer_indices=list(shape.layer_indices),
+        model=model,
+        seed=seed,
+    )
+    trace.metadata["target_reuse2"] = target
+    dense = ATTENTION_BYTES_PER_HIDDEN2 * shape.hidden_size**2 + shape.shared_expert_bytes
+    return Workload(f"{model} rho2={target:g}", trace, fit_tokens, dense, shape.hidden_size)
+
+
+def trace_workload(path, *, fit_fraction: float = 0.2) -> Workload:
+    """A recorded trace: its first `fit_fraction` of tokens is the fit split."""
+    from moespec.routing.store import read_trace
+
+    if not 0 < fit_fraction < 1:
+        raise ValueError(f"fit fraction must be in (0, 1), got {fit_fraction}")
+    trace = read_trace(path)
+    if trace.num_tokens < 2:
+        raise ValueError(f"{path}: a trace of {trace.num_tokens} tokens is too short to replay")
+    fit_tokens = max(1, int(trace.num_tokens * fit_fraction))
+    return Workload(str(trace.model or path), trace, fit_tokens)

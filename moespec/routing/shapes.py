@@ -1,0 +1,107 @@
+"""Routing shapes of full-size MoE models, for synthetic traces, simulation and calibration.
+
+Each preset gives the MoE layers L (and which decoder layers they are), the routed experts N,
+the experts per token m, and the expert bytes w_l of a SwiGLU expert in bf16:
+w = 3 x hidden x intermediate x 2 bytes (gate, up and down projections). Shared experts, which
+every token uses, are read once per pass whatever the routing: they are dense bytes, not part
+of a trace. `published_reuse2` is the layer-mean rho(2) that seed 000 measured on the model
+(§2, Fig. 1), where it did.
+"""
+
+from dataclasses import dataclass
+
+BF16_BYTES = 2
+
+
+@dataclass(frozen=True)
+class ModelShape:
+    name: str
+    num_decoder_layers: int
+    layer_indices: tuple[int, ...]  # the decoder layers that are MoE layers
+    num_experts: int  # N, routed experts per MoE layer
+    top_k: int  # m
+    hidden_size: int
+    expert_intermediate_size: int
+    shared_experts: int = 0
+    published_reuse2: float | None = None
+
+    def __post_init__(self):
+        if not 1 <= self.top_k < self.num_experts:
+            raise ValueError(f"{self.name}: top_k must be in 1..{self.num_experts - 1}")
+        if not self.layer_indices or max(self.layer_indices) >= self.num_decoder_layers:
+            raise ValueError(f"{self.name}: layer_indices must lie in the decoder layers")
+
+    @property
+    def num_layers(self) -> int:
+        """L, the number of MoE layers."""
+        return len(self.layer_indices)
+
+    @property
+    def bytes_per_expert(self) -> int:
+        """w_l of one routed SwiGLU expert in bf16."""
+        return 3 * self.hidden_size * self.expert_intermediate_size * BF16_BYTES
+
+    @property
+    def expert_bytes(self) -> list[int]:
+        """[w_l] for every MoE layer."""
+        return [self.bytes_per_expert] * self.num_layers
+
+    @property
+    def shared_expert_bytes(self) -> int:
+        """Bytes of the shared experts of one MoE layer (dense: read once per pass)."""
+        return self.shared_experts * self.bytes_per_expert
+
+
+SHAPES: dict[str, ModelShape] = {
+    shape.name: shape
+    for shape in [
+        ModelShape(
+            name="qwen3-30b-a3b",
+            num_decoder_layers=48,
+            layer_indices=tuple(range(48)),
+            num_experts=128,
+            top_k=8,
+            hidden_size=2048,
+            expert_intermediate_size=768,
+            published_reuse2=0.480,
+        ),
+        # The first decoder layer is a dense MLP (first_k_dense_replace = 1).
+        ModelShape(
+            name="deepseek-v2-lite",
+            num_decoder_layers=27,
+            layer_indices=tuple(range(1, 27)),
+            num_experts=64,
+            top_k=6,
+            hidden_size=2048,
+            expert_intermediate_size=1408,
+            shared_experts=2,
+        ),
+        ModelShape(
+            name="olmoe-1b-7b",
+            num_decoder_layers=16,
+            layer_indices=tuple(range(16)),
+            num_experts=64,
+            top_k=8,
+            hidden_size=2048,
+            expert_intermediate_size=1024,
+            published_reuse2=0.363,
+        ),
+        ModelShape(
+            name="gpt-oss-20b",
+            num_decoder_layers=24,
+            layer_indices=tuple(range(24)),
+            num_experts=32,
+            top_k=4,
+            hidden_size=2880,
+            expert_intermediate_size=2880,
+            published_reuse2=0.492,
+        ),
+    ]
+}
+
+
+def get_shape(name: str) -> ModelShape:
+    try:
+        return SHAPES[name]
+    except KeyError:
+        raise ValueError(f"unknown model shape {name!r} (known: {', '.join(SHAPES)})") from None

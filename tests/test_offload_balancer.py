@@ -1,0 +1,108 @@
+"""The workload balancer's threshold tau (seed 003 §3.3, App. C): exact, and honest when no tau
+meets the constraints."""
+
+import numpy as np
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from moespec.offload.balancer import WorkloadBalancer, solve_threshold
+
+
+def brute_force(
+    utilities,
+    absent,
+    io_window,
+    io_per_copy,
+    free_bytes,
+    cached_bytes_by_level,
+    expert_bytes,
+    cpu_share,
+    gpu_share,
+    slots,
+    distinct,
+    cpu_unit,
+    gpu_unit,
+):
+    """Straight from the formulation: every tau, both constraints written out separately."""
+    k = len(cpu_share)
+    candidates = []
+    for tau in range(1, k + 1):
+        n = sum(1 for u, a in zip(utilities, absent, strict=True) if a and u >= tau)
+        vram_left = free_bytes + sum(cached_bytes_by_level[:tau])
+        io_ok = io_per_copy * n <= io_window
+        memory_ok = expert_bytes * n <= vram_left
+        t_cpu = cpu_share[tau - 1] * slots * cpu_unit
+        t_gpu = gpu_share[tau - 1] * distinct * gpu_unit
+        over = max(n - io_window / io_per_copy, n - vram_left / expert_bytes, 0)
+        candidates.append((not (io_ok and memory_ok), over, abs(t_cpu - t_gpu), tau))
+    return min(candidates)
+
+
+@st.composite
+def instances(draw):
+    k = draw(st.integers(1, 8))
+    n = draw(st.integers(1, 40))
+    units = st.floats(1e-5, 1e-2)
+    return dict(
+        utilities=draw(st.lists(st.integers(0, k), min_size=n, max_size=n)),
+        absent=draw(st.lists(st.booleans(), min_size=n, max_size=n)),
+        io_window=draw(st.floats(0, 0.05)),
+        io_per_copy=draw(units),
+        free_bytes=draw(st.integers(0, 10)) * 1000,
+        cached_bytes_by_level=[draw(st.integers(0, 6)) * 1000 for _ in range(k + 1)],
+        expert_bytes=1000,
+        cpu_share=sorted(draw(st.lists(st.floats(0, 1), min_size=k, max_size=k))),
+        gpu_share=sorted(draw(st.lists(st.floats(0, 1), min_size=k, max_size=k)), reverse=True),
+        slots=draw(st.integers(1, 80)),
+        distinct=draw(st.integers(1, 40)),
+        cpu_unit=draw(units),
+        gpu_unit=draw(units),
+    )
+
+
+def solve(i):
+    k = len(i["cpu_share"])
+    u, absent = np.array(i["utilities"]), np.array(i["absent"])
+    prefetch = [int(((u >= tau) & absent).sum()) for tau in range(1, k + 1)]
+    memory = (i["free_bytes"] + np.cumsum(i["cached_bytes_by_level"])[:k]) / i["expert_bytes"]
+    cpu = np.array(i["cpu_share"]) * i["slots"] * i["cpu_unit"]
+    gpu = np.array(i["gpu_share"]) * i["distinct"] * i["gpu_unit"]
+    return solve_threshold(prefetch, i["io_window"] / i["io_per_copy"], memory, cpu, gpu)
+
+
+@given(instances())
+def test_tau_equals_brute_force_on_random_instances(instance):
+    infeasible, violation, objective, tau = brute_force(**instance)
+    choice = solve(instance)
+    assert choice.tau == tau
+    assert choice.feasible == (not infeasible)
+    assert np.isclose(choice.objective, objective)
+
+
+def test_infeasible_constraints_fall_back_to_the_least_violating_tau_and_say_so():
+    # n(tau) = 9, 6, 4 and the link moves 2 experts in the window: every tau violates.
+    choice = solve_threshold([9, 6, 4], 2.0, [100, 100, 100], [1.0, 2.0, 3.0], [3.0, 2.0, 1.0])
+    assert (choice.tau, choice.feasible, choice.violation) == (3, False, 2.0)
+
+
+def test_among_feasible_taus_the_most_balanced_wins():
+    choice = solve_threshold([3, 2, 1], 10.0, [10, 10, 10], [1.0, 2.0, 3.0], [3.0, 2.1, 1.0])
+    assert (choice.tau, choice.feasible) == (2, True)
+    assert choice.objective == pytest.approx(0.1)
+
+
+def test_memory_left_can_make_small_taus_infeasible():
+    choice = solve_threshold([5, 1], 10.0, [4, 4], [0.0, 5.0], [0.0, 0.0])
+    assert (choice.tau, choice.feasible) == (2, True)
+
+
+def test_warm_up_learns_cpu_and_gpu_shares_per_threshold():
+    balancer = WorkloadBalancer(num_layers=1, max_utility=2)
+    # Needed experts with utilities 0, 1, 2 and slot counts 1, 1, 2.
+    balancer.record(0, np.array([0, 1, 2]), np.array([1, 1, 2]))
+    # tau = 1: only the utility-0 expert is cold: r_c = 1/4 of slots, r_g = 2/3 of experts.
+    # tau = 2: utilities 0 and 1 are cold: r_c = 2/4, r_g = 1/3.
+    assert np.allclose(balancer.cpu_share[0], [0.25, 0.5])
+    assert np.allclose(balancer.gpu_share[0], [2 / 3, 1 / 3])
+    assert balancer.distinct[0] == 3

@@ -1,0 +1,112 @@
+"""The simulator's timing model and speculative steps, on cases small enough to add up by hand."""
+
+import numpy as np
+import pytest
+
+from moespec.offload import HardwareProfile, make_policy, simulate
+from moespec.offload.simulator import SimulationSettings
+from moespec.routing import RoutingTrace
+
+# Round numbers: a 1 MB expert copies in 1 ms, runs in 0.1 ms on the accelerator, 1 ms on the CPU.
+ROUND = HardwareProfile(
+    name="round",
+    link_bandwidth=1e9,
+    link_latency=0.0,
+    accelerator_bandwidth=1e10,
+    accelerator_flops=1e30,
+    accelerator_expert_time=0.0,
+    accelerator_memory=0.0,
+    cpu_bandwidth=1e9,
+    cpu_flops=1e30,
+    cpu_expert_time=0.0,
+    cpu_threads=1,
+)
+
+
+def one_layer_trace(experts_by_token, num_experts=4):
+    ids = np.array(experts_by_token, dtype=np.int64)[:, None, None]  # [T, L=1, m=1]
+    return RoutingTrace(ids, [0, len(ids)], ["doc"], num_experts, [10**6], [0])
+
+
+def fit_split(trace, tokens):
+    return RoutingTrace(
+        trace.expert_ids[:tokens],
+        [0, tokens],
+        ["fit"],
+        trace.num_experts,
+        trace.expert_bytes,
+        trace.layer_indices,
+    )
+
+
+def run(name, trace, **settings):
+    run_settings = SimulationSettings(draft_bytes_ratio=0.0, **settings)
+    policy = make_policy(name)
+    if run_settings.fit_tokens:
+        policy.fit(fit_split(trace, run_settings.fit_tokens))
+    return simulate(trace, policy, ROUND, run_settings)
+
+
+def test_on_demand_lru_pays_one_copy_then_hits():
+    # One expert of budget; token 1 misses (1 ms copy + 0.1 ms), tokens 2 and 3 hit (0.1 ms).
+    result = run("lru", one_layer_trace([0] * 6), cache_ratio=0.25, draft_length=0, tokens=3)
+    assert result.seconds == pytest.approx(1.3e-3)
+    assert (result.bytes_moved, result.hit_rate) == (10**6, pytest.approx(2 / 3))
+
+
+def test_static_placement_computes_the_cold_expert_on_the_cpu():
+    # The fit split (tokens 0-1) makes expert 1 the one to place; the replay needs expert 0.
+    trace = one_layer_trace([1, 1, 0, 0, 0, 0])
+    result = run("static", trace, cache_ratio=0.25, draft_length=0, tokens=3, fit_tokens=2)
+    assert result.seconds == pytest.approx(3e-3)
+    assert (result.bytes_moved, result.cpu_experts, result.preload_bytes) == (0, 3, 10**6)
+
+
+def test_rejected_drafts_still_cost_the_draft_and_a_verified_pass():
+    # k = 2 at acceptance 0: each step drafts 2 tokens (0.1 ms each: 1 MB of draft at 10 GB/s)
+    # and verifies 3 tokens of expert 0 on the CPU (1 ms, read once), but emits one token.
+    trace = one_layer_trace([0] * 12)
+    settings = dict(cache_ratio=0.0, draft_length=2, acceptance=0.0, tokens=5)
+    result = simulate(
+        trace, make_policy("lru"), ROUND, SimulationSettings(draft_bytes_ratio=0.25, **settings)
+    )
+    assert result.steps == result.tokens == 5
+    assert result.seconds == pytest.approx(5 * 1.2e-3)
+    assert result.fallback_cpu == 5  # no budget at all: the fetch cannot happen
+
+
+def test_accepted_drafts_advance_the_trace():
+    trace = one_layer_trace([0] * 400)
+    result = run(
+        "static", trace, cache_ratio=0.0, draft_length=3, acceptance=0.9, tokens=300, fit_tokens=1
+    )
+    # Geometric acceptance: E[tokens per step] = (1 - a^4) / (1 - a) = 3.439
+    assert result.tokens == 300
+    assert 300 / result.steps == pytest.approx(3.439, rel=0.1)
+
+
+def test_plain_decoding_policies_take_one_token_per_step():
+    trace = one_layer_trace([0, 1, 2, 3] * 20)
+    result = run("spac-ar", trace, cache_ratio=0.5, draft_length=8, acceptance=0.9, tokens=40)
+    assert result.steps == result.tokens == 40
+
+
+def test_a_pass_never_crosses_a_document_end():
+    ids = np.zeros((10, 1, 1), dtype=np.int64)
+    trace = RoutingTrace(ids, [0, 2, 4, 6, 8, 10], list("abcde"), 4, [10**6], [0])
+    result = run("lru", trace, cache_ratio=0.25, draft_length=8, acceptance=0.999999, tokens=10)
+    assert (result.tokens, result.steps) == (10, 5)  # one pass per two-token document
+
+
+def test_settings_are_checked():
+    with pytest.raises(ValueError, match="cache ratio"):
+        SimulationSettings(cache_ratio=1.5)
+    with pytest.raises(ValueError, match="acceptance"):
+        SimulationSettings(acceptance=1.0)
+
+
+def test_static_placement_without_a_fit_is_refused():
+    with pytest.raises(ValueError, match="fit"):
+        simulate(
+            one_layer_trace([0] * 4), make_policy("static"), ROUND, SimulationSettings(tokens=2)
+        )
