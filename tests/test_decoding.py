@@ -59,10 +59,38 @@ def test_sampling_is_reproducible_by_seed(model):
 def test_kernel_policy_switches_at_the_crossover():
     policy = KernelPolicy("auto", crossover=4)
     assert [policy.for_pass(n) for n in (1, 2, 3, 4, 9)] == ["slot"] * 3 + ["dedup"] * 2
-    assert KernelPolicy("auto").for_pass(9) == "slot"  # no crossover known: never switch
     assert KernelPolicy("slot").for_prefill() == "dedup"
     with pytest.raises(ValueError, match="unknown kernel 'fast'"):
         KernelPolicy("fast")
+
+
+def test_auto_kernel_without_a_crossover_measures_both_and_runs_the_faster():
+    policy = KernelPolicy("auto", explore=2)
+    for n in (2, 6):
+        for _ in range(2):
+            for kernel in ("slot", "dedup"):
+                assert policy.for_pass(n) in ("slot", "dedup")
+                # dedup 1 ms faster at n = 6, 1 ms slower at n = 2
+                policy.observe(
+                    n,
+                    kernel,
+                    10.0
+                    + (n == 6) * (kernel == "slot") * 1e-3
+                    + (n == 2) * (kernel == "dedup") * 1e-3,
+                )
+    assert policy.for_pass(2) == "slot" and policy.for_pass(6) == "dedup"
+    assert policy.for_pass(1) == "slot"
+    assert policy.measured_crossover() == 6
+
+
+def test_auto_kernel_explores_by_alternating():
+    policy = KernelPolicy("auto", explore=2)
+    seen = []
+    for _ in range(4):
+        kernel = policy.for_pass(3)
+        seen.append(kernel)
+        policy.observe(3, kernel, 1.0)
+    assert sorted(seen) == ["dedup", "dedup", "slot", "slot"]
 
 
 def test_greedy_sampler_takes_the_argmax_and_top_p_truncates():

@@ -44,7 +44,7 @@ def drafters(target, draft, name, max_tokens):
     return PromptLookupDrafter()
 
 
-@pytest.mark.parametrize("kernel", ["slot", "dedup", "reference"])
+@pytest.mark.parametrize("kernel", ["slot", "dedup", "reference", "auto"])
 @pytest.mark.parametrize("name", ["model", "oracle", "lookup"])
 def test_greedy_speculative_output_equals_plain_greedy(pair, name, kernel):
     target, draft = pair

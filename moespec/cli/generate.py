@@ -17,13 +17,17 @@ HELP = "generate text (streamed), speculating with a draft, the kernel chosen pe
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("prompt", help="the prompt text")
-    parser.add_argument("--model", required=True, metavar="DIR", help="checkpoint directory")
+    parser.add_argument(
+        "--model",
+        metavar="DIR",
+        help="checkpoint directory (default: the embedded demo MoE, drafted by its demo draft)",
+    )
     parser.add_argument("--max-tokens", type=int, default=128, metavar="N")
     parser.add_argument(
         "--draft",
         metavar="DIR|oracle:A|lookup",
-        help="draft: a checkpoint sharing the tokenizer, the oracle at acceptance A, or "
-        "prompt lookup (default: no speculation)",
+        help="draft: a checkpoint sharing the tokenizer, the oracle at acceptance A, prompt "
+        "lookup, or none (default: the demo draft with the demo model, else none)",
     )
     parser.add_argument(
         "--draft-length",
@@ -92,6 +96,14 @@ def run(args: argparse.Namespace) -> int:
     KernelPolicy(args.kernel, args.crossover)  # bad flags fail before the model loads
     sampler = Sampler(args.temperature, args.top_p, args.seed)
     torch.manual_seed(args.seed)
+    if args.model is None:
+        from moespec.demo import demo_paths
+
+        args.model, demo_draft = map(str, demo_paths())
+        if args.draft is None:
+            args.draft = demo_draft
+    if args.draft == "none":
+        args.draft = None
     model, tokenizer = load_model(args.model, dtype=args.dtype)
     plan = None
     if args.plan:

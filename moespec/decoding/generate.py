@@ -130,6 +130,7 @@ def generate(
         accepted, tokens = verify(draft.tokens, logits, sampler, draft.probs)
         cache.rollback(len(context) + accepted)
         verify_seconds = time.perf_counter() - verify_start
+        kernels.observe(drafted + 1, kernel, verify_seconds)
         if draft_policy is not None:
             draft_policy.observe(k, drafted, accepted, verify_seconds, verify_start - start)
         tokens = tokens[: max_tokens - emitted]
