@@ -2,6 +2,8 @@
 
 A pass of n tokens reads n m experts, repeated experts included (seed 000 §1). Products read the
 stacked weights in place (`gate_up[e]` is a view); no gathered copy of the weights is made.
+Each product is `F.linear` on a one-row matrix: on CPU its bf16 path moves about twice the
+bytes per second of `torch.mv`'s.
 """
 
 import torch
@@ -17,19 +19,14 @@ def slot_experts(
     experts: ExpertWeights,
 ) -> torch.Tensor:
     # x: [T, H]; expert_ids, expert_weights: [T, m]
-    num_tokens, top_k = expert_ids.shape
     inter = experts.intermediate_size
     gate_up, down = experts.gate_up, experts.down
-    ids = expert_ids.tolist()
-    hidden = x.new_empty(top_k, 2 * inter)  # [m, 2I]: one token's slots
-    outputs = x.new_empty(top_k, x.shape[1])  # [m, H]
-    y = torch.empty_like(x)
     weights = expert_weights.to(x.dtype)
-    for t in range(num_tokens):
-        for s, e in enumerate(ids[t]):
-            torch.mv(gate_up[e], x[t], out=hidden[s])
+    y = torch.empty_like(x)
+    for t, row in enumerate(expert_ids.tolist()):
+        token = x[t : t + 1]  # [1, H]
+        hidden = torch.cat([F.linear(token, gate_up[e]) for e in row])  # [m, 2I]
         act = F.silu(hidden[:, :inter]) * hidden[:, inter:]  # [m, I]
-        for s, e in enumerate(ids[t]):
-            torch.mv(down[e], act[s], out=outputs[s])
-        torch.mv(outputs.T, weights[t], out=y[t])  # combine: sum_s w[t, s] outputs[s]
+        out = torch.cat([F.linear(act[s : s + 1], down[e]) for s, e in enumerate(row)])  # [m, H]
+        y[t] = weights[t] @ out  # combine: sum_s w[t, s] out[s]
     return y
