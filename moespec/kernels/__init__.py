@@ -13,17 +13,21 @@ The pipeline inside each kernel is the same: (gate, up) -> SwiGLU -> down -> wei
 - "dedup-linear": deduplicating with plain `F.linear` on every dtype (in fp32, the default BLAS
   path for 2-9 rows moves its bytes at a lower bandwidth; kept for calibrations that need a
   kernel pair with a real crossover).
+
+On a CUDA device with Triton installed, "slot" and "dedup" run Triton kernels of the same names
+(`moespec.kernels.triton`); elsewhere, and for passes those do not take, the torch ones.
 """
 
 from moespec.kernels.dedup import dedup_experts, dedup_linear_experts
 from moespec.kernels.experts import ExpertWeights
 from moespec.kernels.reference import reference_experts
 from moespec.kernels.slot import slot_experts
+from moespec.kernels.triton import cuda_first
 
 KERNELS = {
     "reference": reference_experts,
-    "slot": slot_experts,
-    "dedup": dedup_experts,
+    "slot": cuda_first("slot", slot_experts),
+    "dedup": cuda_first("dedup", dedup_experts),
     "dedup-linear": dedup_linear_experts,
 }
 
