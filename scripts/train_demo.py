@@ -22,22 +22,28 @@ import copy
 import hashlib
 import json
 import math
+import os
 import platform
 import shutil
 import sys
-import sysconfig
 import tempfile
 import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-import tokenizers
-import torch
-import torch.nn.functional as F
-import transformers
-from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-from transformers import (
+# Idle OpenMP threads must sleep, not spin: on a shared 2-core machine a spinning thread steals
+# the core its partner needs and a training step gets ~10x slower. libgomp reads this once, when
+# torch loads it, so it has to be set before the first torch import; it does not change results.
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+
+import tokenizers  # noqa: E402
+import torch  # noqa: E402
+import torch.nn.functional as F  # noqa: E402
+import transformers  # noqa: E402
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers  # noqa: E402
+from transformers import (  # noqa: E402
+    DynamicCache,
     PreTrainedTokenizerFast,
     Qwen3Config,
     Qwen3ForCausalLM,
@@ -45,21 +51,16 @@ from transformers import (
     Qwen3MoeForCausalLM,
 )
 
+from moespec.demo.corpus import (  # noqa: E402  (the corpus definition moespec measures on)
+    EXCLUDED_DIR_NAMES,
+    HELD_OUT_MODULUS,
+    is_held_out,
+    list_corpus_files,
+    stdlib_root,
+)
+
 # --- corpus -------------------------------------------------------------------------------
 
-#: Directory names skipped anywhere below the stdlib root: installed third-party packages,
-#: byte-code caches, and the test suites (``test/``, ``ctypes/test``, ``distutils/tests``,
-#: ``lib2to3/tests``, ``idlelib/idle_test``, ``tkinter/test``, ``unittest/test`` ...). Test
-#: suites are excluded because they are mostly fixtures and would swamp the library code.
-EXCLUDED_DIR_NAMES = frozenset(
-    {"site-packages", "dist-packages", "__pycache__", "test", "tests", "idle_test"}
-)
-#: Top-level entries skipped because their content depends on how this interpreter was built
-#: (compiler flags, install prefix), not on the Python version: ``config-3.X-<platform>/`` and
-#: ``_sysconfigdata_*.py``. Leaving them out keeps the corpus fingerprint equal across builds.
-EXCLUDED_BUILD_PREFIXES = ("config-", "_sysconfigdata_")
-#: One file in HELD_OUT_MODULUS is held out, chosen by a hash of its relative path.
-HELD_OUT_MODULUS = 20
 EOS_TOKEN = "<|endoftext|>"
 
 
@@ -79,30 +80,6 @@ class Corpus:
     train: tuple[Document, ...]
     held_out: tuple[Document, ...]
     fingerprint: str
-
-
-def stdlib_root() -> Path:
-    """The running interpreter's standard-library directory."""
-    return Path(sysconfig.get_paths()["stdlib"])
-
-
-def is_excluded(rel: Path) -> bool:
-    """Whether a stdlib-relative ``.py`` path is left out of the corpus (see the constants)."""
-    if any(part in EXCLUDED_DIR_NAMES for part in rel.parts[:-1]):
-        return True
-    return rel.parts[0].startswith(EXCLUDED_BUILD_PREFIXES)
-
-
-def is_held_out(rel_path: str) -> bool:
-    """Deterministic ~5% split by a hash of the path, so it is stable across machines."""
-    digest = hashlib.sha256(rel_path.encode("utf-8")).digest()
-    return int.from_bytes(digest[:8], "big") % HELD_OUT_MODULUS == 0
-
-
-def list_corpus_files(root: Path) -> list[str]:
-    """Sorted stdlib-relative POSIX paths of the corpus files below ``root``."""
-    rels = (p.relative_to(root) for p in root.rglob("*.py") if p.is_file())
-    return sorted(rel.as_posix() for rel in rels if not is_excluded(rel))
 
 
 def corpus_fingerprint(docs: Sequence[Document]) -> str:
@@ -263,7 +240,7 @@ class TrainSpec:
     warmup: int = 100
     weight_decay: float = 0.1
     grad_clip: float = 1.0
-    balance_coef: float = 0.01
+    balance_coef: float = 0.05
     seed: int = 0
     log_every: int = 25
     eval_every: int = 100
@@ -443,7 +420,23 @@ def save_checkpoint(model: torch.nn.Module, tokenizer: PreTrainedTokenizerFast, 
     transformers 5's default layout, and safetensors metadata is only ``{"format": "pt"}``."""
     shipped = copy.deepcopy(model).to(torch.bfloat16)
     shipped.save_pretrained(out)
+    save_tokenizer(tokenizer, out)
+    for path in out.iterdir():
+        path.chmod(0o644)  # safetensors arrive 0600 from transformers' temp-file write
+
+
+def save_tokenizer(tokenizer: PreTrainedTokenizerFast, out: Path) -> None:
+    """Write tokenizer.json and tokenizer_config.json into ``out``."""
     tokenizer.save_pretrained(out)
+    set_tokenizer_class(out / "tokenizer_config.json")
+
+
+def set_tokenizer_class(path: Path) -> None:
+    """Name the class ``PreTrainedTokenizerFast``: transformers 5 writes its new backend name,
+    which transformers 4 cannot load; the old name loads the same tokenizer.json in both."""
+    config = json.loads(path.read_text())
+    config["tokenizer_class"] = "PreTrainedTokenizerFast"
+    path.write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
 
 
 def load_shipped(path: Path) -> torch.nn.Module:
@@ -529,22 +522,32 @@ def expert_reuse(
 def acceptance_prompts(
     tok: Tokenizer, docs: Sequence[Document], n_prompts: int, prompt_len: int
 ) -> torch.Tensor:
-    """Equal-length prompts from the middle of held-out files, evenly spaced over the sorted
-    list of files long enough for ``prompt_len`` tokens (file heads are mostly license text)."""
-    ids = [enc.ids for enc in tok.encode_batch([d.text for d in docs])]
-    ids = [x for x in ids if len(x) >= 2 * prompt_len]
-    picks = [ids[round(i * (len(ids) - 1) / max(1, n_prompts - 1))] for i in range(n_prompts)]
-    mids = [(len(x) - prompt_len) // 2 for x in picks]
-    return torch.tensor([x[m : m + prompt_len] for x, m in zip(picks, mids, strict=True)])
+    """``n_prompts`` distinct equal-length prompts from the held-out files.
+
+    Candidates are the non-overlapping ``prompt_len``-token windows of each file, except the
+    first (file heads are mostly license text and docstrings); the prompts are evenly spaced
+    over the candidates in file order, so every file contributes about in proportion to its size.
+    """
+    candidates = [
+        ids[j : j + prompt_len]
+        for ids in (enc.ids for enc in tok.encode_batch([d.text for d in docs]))
+        for j in range(prompt_len, len(ids) - prompt_len + 1, prompt_len)
+    ]
+    if len(candidates) < n_prompts:
+        raise ValueError(f"only {len(candidates)} held-out windows for {n_prompts} prompts")
+    picks = [i * len(candidates) // n_prompts for i in range(n_prompts)]
+    return torch.tensor([candidates[i] for i in picks])
 
 
 @torch.no_grad()
 def greedy_decode(model: torch.nn.Module, prompts: torch.Tensor, new_tokens: int) -> torch.Tensor:
-    """Greedy continuation without a KV cache: simple, and exactly the model's argmax."""
-    seq = prompts
+    """Greedy continuation of equal-length prompts with a KV cache (no EOS stop)."""
+    cache = DynamicCache(config=model.config)
+    seq, step_input = prompts, prompts
     for _ in range(new_tokens):
-        logits = model(input_ids=seq, use_cache=False).logits[:, -1]
-        seq = torch.cat([seq, logits.argmax(dim=-1, keepdim=True)], dim=1)
+        logits = model(input_ids=step_input, cache=cache, use_cache=True).logits[:, -1]
+        step_input = logits.argmax(dim=-1, keepdim=True)
+        seq = torch.cat([seq, step_input], dim=1)
     return seq
 
 
@@ -606,7 +609,8 @@ one special token `{EOS_TOKEN}` (id 0) that separates files and serves as EOS an
 {info["command"]}
 ```
 
-Seeded and deterministic ({env["threads"]} threads, `torch.use_deterministic_algorithms(True)`):
+with `OUT` the folder to write (`moespec/demo` in the repository). Seeded and deterministic
+({env["threads"]} threads, `torch.use_deterministic_algorithms(True)`):
 the same software (torch {env["torch"]}, transformers {env["transformers"]}, tokenizers
 {env["tokenizers"]}) on a CPU of the same kind ({env["cpu_capability"]}) rewrites these files
 byte for byte. Loss curves and fingerprints are in `../training_log.json`.
@@ -732,6 +736,32 @@ embeddings; bf16 weights, {rec["bytes"] / 1e6:.1f} MB.
 {card_common(info)}"""
 
 
+# --- replay (for the determinism test) --------------------------------------------------
+
+
+def replay(log: dict, steps: int) -> dict:
+    """Redo the data preparation and the first ``steps`` training steps of a logged run.
+
+    Returns the sha256 of the retrained tokenizer files and, per model, the parameter
+    fingerprints taken on the way, to compare with those in ``log``. Run it in a fresh process
+    (the test does) so that OMP_WAIT_POLICY above takes effect.
+    """
+    data = prepare_data(log["data"]["vocab_size"], log["seq_len"])
+    result = {"corpus_sha256": data.corpus.fingerprint, "tokenizer_files": {}, "fingerprints": {}}
+    with tempfile.TemporaryDirectory() as tmp:
+        save_tokenizer(wrap_tokenizer(data.tok), Path(tmp))
+        for path in sorted(Path(tmp).iterdir()):
+            result["tokenizer_files"][path.name] = file_sha256(path)
+    makers = {"target": make_target_config, "draft": make_draft_config}
+    with deterministic_torch(log["env"]["threads"]):
+        for kind, make in makers.items():
+            spec = TrainSpec(**{**log[kind]["spec"], "fingerprint_steps": (0, steps)})
+            model = build_model(make(log["data"]["vocab_size"]), spec.seed)
+            run_log = train(model, data.train_chunks, spec, stop_after=steps, echo=None)
+            result["fingerprints"][kind] = run_log.fingerprints
+    return result
+
+
 # --- driver -------------------------------------------------------------------------------
 
 OUTPUT_NAMES = ("target", "draft", "training_log.json")
@@ -762,8 +792,8 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     """Command-line flags."""
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", type=Path, required=True, help="e.g. moespec/demo")
-    ap.add_argument("--target-steps", type=int, default=1200)
-    ap.add_argument("--draft-steps", type=int, default=900)
+    ap.add_argument("--target-steps", type=int, default=800)
+    ap.add_argument("--draft-steps", type=int, default=500)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--batch-size", type=int, default=8)
     ap.add_argument("--seq-len", type=int, default=512)
@@ -774,9 +804,10 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
 
 
 def command_line(args: argparse.Namespace) -> str:
-    """The flags that define the run, for the cards and the log."""
+    """The flags that define the run. The output folder is left as ``OUT``: it does not affect
+    the result, and the cards must not depend on it."""
     return (
-        f"python scripts/train_demo.py --out {args.out.as_posix()} --target-steps "
+        "python scripts/train_demo.py --out OUT --target-steps "
         f"{args.target_steps} --draft-steps {args.draft_steps} --seed {args.seed}"
         f" --batch-size {args.batch_size} --seq-len {args.seq_len}"
         f" --vocab-size {args.vocab_size} --threads {args.threads}"
@@ -795,15 +826,26 @@ def model_record(model, spec: TrainSpec, log: TrainLog, folder: Path) -> dict:
     }
 
 
+@contextlib.contextmanager
+def phase(name: str, seconds: dict) -> Iterator[None]:
+    """Time a phase of the run into ``seconds[name]`` and say when it is done."""
+    start = time.perf_counter()
+    yield
+    seconds[name] = round(time.perf_counter() - start, 1)
+    print(f"{name}: {seconds[name]:.1f}s", flush=True)
+
+
 def run(args: argparse.Namespace) -> dict:
-    """Build data and tokenizer, train both models, save, evaluate, write cards and log."""
+    """Train, save and evaluate into a staging folder, then rename the outputs into place."""
     wall = time.perf_counter()
     out: Path = args.out
     clash = [n for n in OUTPUT_NAMES if (out / n).exists()]
     if clash and not args.force:
         sys.exit(f"refusing to overwrite {', '.join(str(out / n) for n in clash)}; use --force")
     out.mkdir(parents=True, exist_ok=True)
+    # staged next to the outputs so the final renames stay on one filesystem
     staging = Path(tempfile.mkdtemp(prefix=".train_demo-", dir=out))
+    (staging / ".gitignore").write_text("*\n")  # keep a half-written run out of `git add`
     try:
         info = train_and_evaluate(args, staging)
         info["wall_seconds"] = round(time.perf_counter() - wall, 1)
@@ -811,92 +853,141 @@ def run(args: argparse.Namespace) -> dict:
         install_outputs(staging, out)
     finally:
         shutil.rmtree(staging, ignore_errors=True)
+    print(f"wrote {', '.join(str(out / n) for n in OUTPUT_NAMES)} in {info['wall_seconds']}s")
     return info
+
+
+@dataclass
+class Data:
+    """Tokenizer and token windows shared by both models."""
+
+    corpus: Corpus
+    tok: Tokenizer
+    train_stream: torch.Tensor
+    held_stream: torch.Tensor
+    train_chunks: torch.Tensor
+    held_chunks: torch.Tensor
+
+
+def prepare_data(vocab_size: int, seq_len: int, root: Path | None = None) -> Data:
+    """Read the corpus, train the tokenizer on the training files, cut both splits."""
+    corpus = build_corpus(root)
+    tok = train_tokenizer([d.text for d in corpus.train], vocab_size)
+    train_stream = encode_documents(tok, corpus.train)
+    held_stream = encode_documents(tok, corpus.held_out)
+    return Data(
+        corpus,
+        tok,
+        train_stream,
+        held_stream,
+        chunk_stream(train_stream, seq_len),
+        chunk_stream(held_stream, seq_len),
+    )
+
+
+def target_and_draft(args: argparse.Namespace) -> list[tuple[str, object, TrainSpec]]:
+    """(name, config, spec) of both models; the draft's seed is offset so it differs."""
+    batch = args.batch_size
+    return [
+        (
+            "target",
+            make_target_config(args.vocab_size),
+            TrainSpec(steps=args.target_steps, batch_size=batch, seed=args.seed),
+        ),
+        (
+            "draft",
+            make_draft_config(args.vocab_size),
+            TrainSpec(steps=args.draft_steps, batch_size=batch, seed=args.seed + 1),
+        ),
+    ]
+
+
+def data_record(data: Data, args: argparse.Namespace, tokenizer_json: Path) -> dict:
+    """What the log and the cards say about the corpus and tokenizer."""
+    docs = data.corpus.train + data.corpus.held_out
+    return {
+        "python_version": platform.python_version(),
+        "stdlib_root": data.corpus.root,
+        "files": len(docs),
+        "held_out_files": len(data.corpus.held_out),
+        "held_out_paths": [d.path for d in data.corpus.held_out],
+        "bytes": sum(len(d.text.encode("utf-8")) for d in docs),
+        "train_tokens": data.train_stream.numel(),
+        "held_out_tokens": data.held_stream.numel(),
+        "vocab_size": args.vocab_size,
+        "corpus_sha256": data.corpus.fingerprint,
+        "tokenizer_json_sha256": file_sha256(tokenizer_json),
+    }
+
+
+def evaluate(staging: Path, data: Data, seed: int) -> dict:
+    """The cards' numbers, measured on the saved checkpoints (what ships)."""
+    target, draft = load_shipped(staging / "target"), load_shipped(staging / "draft")
+    top, target_loss = routing_top_k(target, data.held_chunks)
+    eos = data.tok.token_to_id(EOS_TOKEN)
+    routing = expert_reuse(top, data.held_chunks[:, :-1], eos, target.config.num_experts, seed)
+    prompts = acceptance_prompts(data.tok, data.corpus.held_out, n_prompts=64, prompt_len=64)
+    return {
+        "held_out_windows": data.held_chunks.shape[0],
+        "target_loss": target_loss,
+        "draft_loss": mean_loss(draft, data.held_chunks),
+        "unigram_loss": unigram_loss(data.train_stream, data.held_chunks, target.vocab_size),
+        "acceptance": greedy_acceptance(target, draft, prompts, new_tokens=64),
+        "routing": routing,
+    }
+
+
+def summary(ev: dict) -> str:
+    """One paragraph of the headline numbers for the console."""
+    r = ev["routing"]
+    return (
+        f"held-out loss target {ev['target_loss']:.3f} draft {ev['draft_loss']:.3f} "
+        f"unigram {ev['unigram_loss']:.3f}; acceptance {ev['acceptance']['acceptance']:.3f}; "
+        f"rho2 {r['rho2_layer_mean']:.3f} (random {r['random_pairing_layer_mean']:.3f}, "
+        f"uniform {r['uniform_baseline']:.3f}); max expert share per layer "
+        f"{fmt_list(r['max_expert_share_per_layer'])} (fair {r['fair_share']:.4f})"
+    )
 
 
 def train_and_evaluate(args: argparse.Namespace, staging: Path) -> dict:
     """The whole pipeline, writing ``target/`` and ``draft/`` under ``staging``."""
-    seq_len = args.seq_len
-    corpus = build_corpus()
+    seconds: dict[str, float] = {}
+    with phase("data", seconds):
+        data = prepare_data(args.vocab_size, args.seq_len)
+        hf_tok = wrap_tokenizer(data.tok)
     print(
-        f"corpus: {len(corpus.train)} train + {len(corpus.held_out)} held-out files "
-        f"from {corpus.root} ({corpus.fingerprint[:12]})",
+        f"corpus {data.corpus.root}: {len(data.corpus.train)} train + "
+        f"{len(data.corpus.held_out)} held-out files, {data.train_stream.numel():,} + "
+        f"{data.held_stream.numel():,} tokens",
         flush=True,
     )
-    tok = train_tokenizer([d.text for d in corpus.train], args.vocab_size)
-    hf_tok = wrap_tokenizer(tok)
-    train_stream = encode_documents(tok, corpus.train)
-    held_stream = encode_documents(tok, corpus.held_out)
-    train_chunks, held_chunks = (
-        chunk_stream(train_stream, seq_len),
-        chunk_stream(held_stream, seq_len),
-    )
-    # a fixed slice of held-out windows for the periodic curve; the full set at the end
-    curve_chunks = held_chunks[:: max(1, held_chunks.shape[0] // 32)][:32]
-    print(f"tokens: {train_stream.numel():,} train, {held_stream.numel():,} held-out", flush=True)
-
+    # a fixed slice of held-out windows for the loss curve; the full set at the end
+    stride = max(1, data.held_chunks.shape[0] // 32)
+    curve_chunks = data.held_chunks[::stride][:32]
     records = {}
-    for kind, config, steps, seed in (
-        ("target", make_target_config(args.vocab_size), args.target_steps, args.seed),
-        ("draft", make_draft_config(args.vocab_size), args.draft_steps, args.seed + 1),
-    ):
-        spec = TrainSpec(steps=steps, batch_size=args.batch_size, seed=seed)
-        model = build_model(config, seed)
-        print(f"[{kind}] {sum(p.numel() for p in model.parameters()):,} parameters", flush=True)
-        log = train(model, train_chunks, spec, eval_chunks=curve_chunks, name=kind)
-        save_checkpoint(model, hf_tok, staging / kind)
-        records[kind] = model_record(model, spec, log, staging / kind)
-        del model
-
-    print("evaluating the saved (bf16) checkpoints ...", flush=True)
-    target, draft = load_shipped(staging / "target"), load_shipped(staging / "draft")
-    top, target_loss = routing_top_k(target, held_chunks)
-    routing = expert_reuse(
-        top,
-        held_chunks[:, :-1],
-        tok.token_to_id(EOS_TOKEN),
-        target.config.num_experts,
-        seed=args.seed,
-    )
-    prompts = acceptance_prompts(tok, corpus.held_out, n_prompts=32, prompt_len=64)
+    for kind, config, spec in target_and_draft(args):
+        with phase(f"train_{kind}", seconds):
+            model = build_model(config, spec.seed)
+            print(f"[{kind}] {sum(p.numel() for p in model.parameters()):,} parameters")
+            log = train(model, data.train_chunks, spec, eval_chunks=curve_chunks, name=kind)
+            save_checkpoint(model, hf_tok, staging / kind)
+            records[kind] = model_record(model, spec, log, staging / kind)
+    with phase("evaluate", seconds):
+        ev = evaluate(staging, data, args.seed)
     info = {
         "command": command_line(args),
-        "seq_len": seq_len,
+        "out": args.out.as_posix(),
+        "seq_len": args.seq_len,
         "env": environment(),
-        "data": {
-            "python_version": platform.python_version(),
-            "stdlib_root": corpus.root,
-            "files": len(corpus.train) + len(corpus.held_out),
-            "held_out_files": len(corpus.held_out),
-            "held_out_paths": [d.path for d in corpus.held_out],
-            "bytes": sum(len(d.text.encode()) for d in corpus.train + corpus.held_out),
-            "train_tokens": train_stream.numel(),
-            "held_out_tokens": held_stream.numel(),
-            "vocab_size": args.vocab_size,
-            "corpus_sha256": corpus.fingerprint,
-            "tokenizer_json_sha256": file_sha256(staging / "target" / "tokenizer.json"),
-        },
+        "data": data_record(data, args, staging / "target" / "tokenizer.json"),
         **records,
-        "eval": {
-            "held_out_windows": held_chunks.shape[0],
-            "target_loss": target_loss,
-            "draft_loss": mean_loss(draft, held_chunks),
-            "unigram_loss": unigram_loss(train_stream, held_chunks, args.vocab_size),
-            "acceptance": greedy_acceptance(target, draft, prompts, new_tokens=64),
-            "routing": routing,
-        },
+        "eval": ev,
+        "seconds": seconds,
     }
-    (staging / "target" / "README.md").write_text(target_card(info))
-    (staging / "draft" / "README.md").write_text(draft_card(info))
-    for kind in ("target", "draft"):
+    for kind, card in (("target", target_card), ("draft", draft_card)):
+        (staging / kind / "README.md").write_text(card(info))
         info[kind]["files_sha256"]["README.md"] = file_sha256(staging / kind / "README.md")
-    print(json.dumps({k: v for k, v in info["eval"].items() if k != "routing"}, indent=1))
-    print(
-        f"rho2 {routing['rho2_layer_mean']:.3f} random {routing['random_pairing_layer_mean']:.3f}"
-        f" uniform {routing['uniform_baseline']:.3f} max share "
-        f"{fmt_list(routing['max_expert_share_per_layer'])}",
-        flush=True,
-    )
+    print(summary(ev), flush=True)
     return info
 
 

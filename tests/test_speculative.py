@@ -229,12 +229,24 @@ def test_auto_estimates_acceptance_from_accepted_counts():
 def test_auto_measures_step_times_online_and_interpolates():
     policy = DraftLengthPolicy("auto", max_draft_length=4)
     assert policy.choose() == 0  # warm-up: measure a plain step first
+    policy.observe(0, 0, 0, 50.0, 0.0)  # the first pass of a size is dropped (one-time costs)
+    assert policy.choose() == 0
     policy.observe(0, 0, 0, 1.0, 0.0)
-    assert policy.choose() == 4  # then the longest draft
-    policy.observe(4, 4, 2, 3.0, 0.4)
+    assert policy.choose() == 1  # then one draft
+    policy.observe(1, 1, 1, 30.0, 4.0)
+    policy.observe(1, 1, 1, 1.5, 0.1)
     table = policy.step_times()
-    assert table[0] == pytest.approx(1.0) and table[4] == pytest.approx(3.4)
-    assert table[2] == pytest.approx(2.0 + 0.2)  # tau(3) = 2.0, h(2) = 0.2
+    # tau(n) and h(k) extrapolated linearly: tau(1) = 1, tau(2) = 1.5; h(0) = 0, h(1) = 0.1.
+    assert table[0] == pytest.approx(1.0) and table[1] == pytest.approx(1.6)
+    assert table[4] == pytest.approx(3.0 + 0.4)
+
+
+def test_auto_probes_the_neighbours_of_its_choice():
+    policy = DraftLengthPolicy("auto", step_times=[1.0, 1.1, 1.2, 1.3, 1.4], probe_interval=4,
+                               prior=(0.8e6, 0.2e6))
+    best = best_draft_length([1.0, 1.1, 1.2, 1.3, 1.4], 0.8)
+    choices = [policy.choose() for _ in range(8)]
+    assert choices == [best] * 3 + [best - 1] + [best] * 3 + [min(best + 1, 4)]
 
 
 def test_summary_counts_drafts(pair):

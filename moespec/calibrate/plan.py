@@ -12,7 +12,6 @@ operation's crossover and bandwidths (there is no whole model to measure).
 """
 
 import json
-import sysconfig
 import time
 from dataclasses import asdict
 from pathlib import Path
@@ -42,18 +41,11 @@ PLAN_FORMAT = "moespec-plan/1"
 
 
 def stdlib_documents(count: int = 24, max_chars: int = 6000):
-    """Real text every machine with Python has: the standard library's own source files,
-    a fixed selection in sorted order (the embedded corpus)."""
-    from moespec.routing.corpus import Document
+    """The embedded corpus for measuring: held-out standard-library files (never trained on by
+    the demo models), at most `count` of them, each cut to `max_chars` characters."""
+    from moespec.demo.corpus import held_out_documents
 
-    root = Path(sysconfig.get_paths()["stdlib"])
-    files = sorted(p for p in root.glob("*.py") if p.stat().st_size > 2000)
-    if not files:
-        raise ValueError(f"no Python source files found under {root}")
-    stride = max(1, len(files) // count)
-    for path in files[::stride][:count]:
-        text = path.read_text(encoding="utf-8", errors="replace")[:max_chars]
-        yield Document(f"stdlib/{path.name}", text)
+    return held_out_documents(count, max_chars)
 
 
 def model_signature(config) -> dict:

@@ -13,12 +13,20 @@ from moespec.costmodel import best_draft_length
 
 
 class RunningMedians:
-    """Median of the last `window` samples per key, with linear interpolation between keys."""
+    """Median of the last `window` samples per key, with linear interpolation between keys.
+
+    The first sample of each key is dropped: a pass of a new size pays one-time costs (library
+    kernels compiled for the shape) that would otherwise stand for its step time.
+    """
 
     def __init__(self, window: int = 16):
         self.samples = defaultdict(lambda: deque(maxlen=window))
+        self.seen: set[int] = set()
 
     def add(self, key: int, value: float) -> None:
+        if key not in self.seen:
+            self.seen.add(key)
+            return
         self.samples[key].append(value)
 
     def known(self) -> dict[int, float]:
@@ -59,8 +67,9 @@ class DraftLengthPolicy:
     Neither: both measured online.
     prior: (accepted, rejected) pseudo-counts of the Beta prior on the acceptance.
     forgetting: weight kept by past observations per step (1.0 = never forget).
-    probe_interval: under auto, after this many steps at k = 0 draft one token once, so the
-    acceptance estimate can recover.
+    probe_interval: under auto, every this many steps run a neighbour of k* (k* - 1, then
+    k* + 1) once, so the step times around the optimum stay measured; and after this many
+    steps at k = 0, draft one token, so the acceptance estimate can recover.
     """
 
     def __init__(
@@ -99,6 +108,8 @@ class DraftLengthPolicy:
         self.draft_times = RunningMedians(window)  # by draft length k
         self.steps = 0
         self.plain_streak = 0
+        self.since_probe = 0
+        self.probes = 0
 
     @property
     def acceptance_estimate(self) -> float:
@@ -134,11 +145,18 @@ class DraftLengthPolicy:
         if self.max_draft_length == 0:
             return 0
         table = self.step_times()
-        if table is None:  # warm-up: measure a plain step, then the longest draft
-            return 0 if 1 not in self.verify_times.known() else self.max_draft_length
+        if table is None:  # warm-up: measure a plain step, then one draft; then extrapolate
+            return 0 if 1 not in self.verify_times.known() else 1
         if self.plain_streak >= self.probe_interval:
             return 1
-        return best_draft_length(table, min(self.acceptance_estimate, 0.999))
+        best = best_draft_length(table, min(self.acceptance_estimate, 0.999))
+        self.since_probe += 1
+        if self.since_probe >= self.probe_interval:
+            self.since_probe = 0
+            self.probes += 1
+            neighbour = best - 1 if self.probes % 2 else best + 1
+            return min(max(neighbour, 0), self.max_draft_length)
+        return best
 
     def observe(
         self,
