@@ -165,7 +165,7 @@ class Prediction:
             k = best_draft_length(v, a)
             entry = {"best_draft_length": k, "speedup": float(speedup(v, a, k))}
             if delta is not None and delta < 1:
-                entry["certain"] = best_draft_length_is_certain(v, a, delta)
+                entry["certain"] = bool(best_draft_length_is_certain(v, a, delta))
             table[str(a)] = entry
         out = {
             "step_times": v,
@@ -191,8 +191,10 @@ class Prediction:
         }
         if byte_share is not None and bandwidth_ratio and 0 <= self.bandwidth_error < 1:
             out["kernel_choice_robust"] = {
-                str(n): kernel_choice_is_robust(
-                    byte_share[n - 1], bandwidth_ratio[n], self.bandwidth_error
+                str(n): bool(
+                    kernel_choice_is_robust(
+                        float(byte_share[n - 1]), float(bandwidth_ratio[n]), self.bandwidth_error
+                    )
                 )
                 for n in bandwidth_ratio
                 if n >= 2 and byte_share[n - 1] > 0

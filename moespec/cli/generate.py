@@ -6,6 +6,12 @@ decodes at batch size 1. The expert kernel of each pass is chosen by --kernel: "
 from it). With --draft, each step drafts k tokens and verifies them in one pass of k + 1:
 --draft-length K fixes k; "auto" takes k*(a) from the cost model, with the acceptance a
 estimated online and the step times V(k) measured online. Temperature 0 is greedy.
+
+With --offload POLICY (spac, lru, static, hybrid, spac-ar, ...) the target's experts live in
+host memory and an expert cache of --expert-cache-ratio R of their bytes (or
+--expert-cache-bytes B) on the compute device; the policy decides per layer which experts run
+from the cache, are copied in, or run on the CPU. The prompt runs on the host and is the fit
+split of the policy (or --offload-fit TRACE). A budget holding every expert runs in memory.
 """
 
 import argparse
@@ -67,6 +73,34 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--top-p", type=float, default=1.0)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--json", action="store_true", help="print one JSON object at the end")
+    offload = parser.add_argument_group("offloaded experts")
+    offload.add_argument(
+        "--offload",
+        metavar="POLICY",
+        help="keep experts in host memory behind a device cache run by POLICY: spac, lru, "
+        "static, hybrid, spac-ar (spac without speculation), or a SpAc ablation",
+    )
+    budget = offload.add_mutually_exclusive_group()
+    budget.add_argument(
+        "--expert-cache-ratio",
+        type=float,
+        metavar="R",
+        help="expert cache budget: this share of all expert bytes (default 0.25)",
+    )
+    budget.add_argument(
+        "--expert-cache-bytes", type=int, metavar="B", help="expert cache budget in bytes"
+    )
+    offload.add_argument(
+        "--offload-device",
+        default="auto",
+        metavar="cpu|cuda[:N]|auto",
+        help="the expert cache's device (default: cuda when available, else cpu)",
+    )
+    offload.add_argument(
+        "--offload-fit",
+        metavar="TRACE",
+        help="a routing trace (moespec trace) to fit the policy on (default: the prompt)",
+    )
 
 
 def parse_draft_length(text: str) -> int | str:
@@ -94,6 +128,7 @@ def run(args: argparse.Namespace) -> int:
         raise ValueError(f"--max-tokens must be >= 1, got {args.max_tokens}")
     draft_length = parse_draft_length(args.draft_length)
     KernelPolicy(args.kernel, args.crossover)  # bad flags fail before the model loads
+    check_offload_flags(args)
     sampler = Sampler(args.temperature, args.top_p, args.seed)
     torch.manual_seed(args.seed)
     if args.model is None:
@@ -122,6 +157,11 @@ def run(args: argparse.Namespace) -> int:
     plain = None
     if args.compare_plain or (args.draft or "").startswith("oracle"):
         list(generate(model, prompt, max_tokens=2, kernels=kernels))  # warm-up, untimed
+        # Compared with speculation, plain decoding offloads too (a fresh cache); as the
+        # oracle's reference only, it runs in memory.
+        plain_offload = (
+            open_offload(args, model, False, 0, note=False) if args.compare_plain else None
+        )
         plain = list(
             generate(
                 model,
@@ -130,8 +170,11 @@ def run(args: argparse.Namespace) -> int:
                 sampler=Sampler(args.temperature, args.top_p, args.seed),
                 kernels=kernels,
                 stop_tokens=stops,
+                offload=plain_offload,
             )
         )
+        if plain_offload is not None:
+            plain_offload.close()
     drafter = policy = None
     if args.draft:
         reference = [t for r in plain for t in r.tokens] if plain and sampler.greedy else None
@@ -148,6 +191,7 @@ def run(args: argparse.Namespace) -> int:
         )
         policy = make_policy(draft_length, args.max_draft_length, plan, args.draft)
 
+    offload = open_offload(args, model, drafter is not None, draft_length)
     stream = StreamingDetokenizer(tokenizer)
     records = []
     for record in generate(
@@ -159,13 +203,18 @@ def run(args: argparse.Namespace) -> int:
         drafter=drafter,
         draft_policy=policy,
         stop_tokens=stops,
+        offload=offload,
     ):
         records.append(record)
         piece = stream.add(record.tokens)
         if not args.json:
             print(piece, end="", flush=True)
+    if offload is not None:
+        offload.close()
     tokens = [t for r in records for t in r.tokens]
     summary = summarize(records)
+    if offload is not None:
+        summary["offload"] = offload.summary()
     if plain is not None and args.compare_plain:
         plain_summary = summarize(plain)
         summary["plain_tokens_per_second"] = plain_summary["tokens_per_second"]
@@ -190,7 +239,80 @@ def run(args: argparse.Namespace) -> int:
     else:
         print(stream.flush())
         print(format_summary(summary, len(tokens), len(prompt), bool(args.draft)), file=sys.stderr)
+        if offload is not None:
+            print(format_offload(summary["offload"]), file=sys.stderr)
     return 0
+
+
+def check_offload_flags(args) -> None:
+    """Offload flags that are wrong whatever the model: fail before it loads."""
+    if args.offload is None:
+        if args.expert_cache_ratio is not None or args.expert_cache_bytes is not None:
+            raise ValueError("--expert-cache-ratio/--expert-cache-bytes need --offload POLICY")
+        return
+    from moespec.offload import make_policy as make_offload_policy
+
+    make_offload_policy(args.offload)  # an unknown name fails here
+    if args.expert_cache_ratio is None and args.expert_cache_bytes is None:
+        args.expert_cache_ratio = 0.25
+    if args.expert_cache_ratio is not None and not args.expert_cache_ratio > 0:
+        raise ValueError(f"--expert-cache-ratio must be > 0, got {args.expert_cache_ratio}")
+    if args.expert_cache_bytes is not None and args.expert_cache_bytes < 0:
+        raise ValueError(f"--expert-cache-bytes must be >= 0, got {args.expert_cache_bytes}")
+
+
+def open_offload(args, model, speculative: bool, draft_length, note: bool = True):
+    """The offload engine of --offload (None without it, or when the budget holds every
+    expert: then the model runs in memory, and a note says so)."""
+    if args.offload is None:
+        return None
+    from moespec.offload import make_policy as make_offload_policy
+    from moespec.offload.executor import (
+        OffloadEngine,
+        expert_cache_budget,
+        fits_in_memory,
+        model_expert_bytes,
+    )
+
+    policy = make_offload_policy(args.offload)
+    if speculative and not policy.speculative:
+        raise ValueError(
+            f"--offload {args.offload} plans for decoding without a draft: add --draft none"
+        )
+    total, one = model_expert_bytes(model)
+    budget = expert_cache_budget(
+        total, one, ratio=args.expert_cache_ratio, nbytes=args.expert_cache_bytes
+    )
+    if fits_in_memory(budget, total):
+        if note:
+            print(
+                f"note: the expert cache ({budget} bytes) holds all {total} bytes of experts: "
+                "running in memory",
+                file=sys.stderr,
+            )
+        return None
+    k = args.max_draft_length if draft_length == "auto" else draft_length
+    engine = OffloadEngine.for_model(
+        model, policy, budget, draft_length=k if speculative else 0, device=args.offload_device
+    )
+    if args.offload_fit:
+        from moespec.routing import read_trace
+
+        try:
+            engine.start(read_trace(args.offload_fit))
+        except BaseException:
+            engine.close()
+            raise
+    return engine
+
+
+def format_offload(s: dict) -> str:
+    rate = "n/a" if s["hit_rate"] is None else f"{s['hit_rate']:.2f}"
+    return (
+        f"[offload {s['policy']} on {s['device']}: cache {s['budget_bytes'] / 2**20:.1f} MiB "
+        f"({s['slots']} experts of {s['total_expert_bytes'] // s['expert_bytes']}), hit rate "
+        f"{rate}, {s['bytes_copied'] / 2**20:.1f} MiB copied, {s['cpu_experts']} experts on CPU]"
+    )
 
 
 def make_policy(draft_length, max_draft_length, plan, draft_spec):

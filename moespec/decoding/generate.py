@@ -7,7 +7,7 @@ one stream.
 
 import time
 from collections.abc import Iterator, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 
 import torch
 
@@ -19,6 +19,7 @@ from moespec.decoding.verify import verify
 from moespec.models import RoutingSink, Transformer
 
 PREFILL_CHUNK = 512
+OFFLOAD_FIELDS = ("hits", "misses", "bytes_copied", "cpu_experts")
 
 
 @dataclass
@@ -42,6 +43,12 @@ class StepRecord:
     draft_seconds: float = 0.0
     verify_seconds: float = 0.0
     finish_reason: str | None = None  # "stop", "length" on the last step
+    # Offloaded experts (moespec.offload): needed experts found cached and arrived, not so,
+    # bytes copied into the expert cache, experts computed on the CPU.
+    hits: int = 0
+    misses: int = 0
+    bytes_copied: int = 0
+    cpu_experts: int = 0
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -53,6 +60,7 @@ def prefill(
     cache,
     kernel: str,
     routing_sink: RoutingSink | None = None,
+    offload=None,
 ) -> torch.Tensor:
     """Run the prompt through the model in chunks; return the last position's logits [V]."""
     if not prompt:
@@ -61,7 +69,11 @@ def prefill(
     logits = None
     for start in range(0, len(prompt), PREFILL_CHUNK):
         chunk = ids[start : start + PREFILL_CHUNK]
-        logits = model(chunk, cache, kernel=kernel, routing_sink=routing_sink)
+        if offload is not None:
+            offload.begin_step(len(chunk), prefill=True)
+        logits = model(chunk, cache, kernel=kernel, routing_sink=routing_sink, offload=offload)
+        if offload is not None:
+            offload.end_step(0)
     return logits[0, -1]
 
 
@@ -76,6 +88,7 @@ def generate(
     draft_policy: DraftLengthPolicy | None = None,
     stop_tokens: Sequence[int] = (),
     routing_sink: RoutingSink | None = None,
+    offload=None,
 ) -> Iterator[StepRecord]:
     """Decode, yielding a prefill record (with the first token), then one record per step.
 
@@ -83,6 +96,9 @@ def generate(
     drafts k = draft_policy.choose() tokens, verifies them with the current token in one target
     pass of k + 1 tokens, emits the accepted drafts plus one target token, and rolls the
     target's cache back past the rejected drafts.
+
+    offload: an offload engine (moespec.offload.executor) running the target's experts from
+    its tiers; each pass is bracketed by its begin_step/end_step, and records carry its stats.
     """
     if max_tokens < 1:
         raise ValueError(f"max_tokens must be >= 1, got {max_tokens}")
@@ -95,9 +111,11 @@ def generate(
 
     start = time.perf_counter()
     kernel = kernels.for_prefill()
-    first = sampler.sample(prefill(model, prompt, cache, kernel, routing_sink))
+    first = sampler.sample(prefill(model, prompt, cache, kernel, routing_sink, offload))
     context = list(prompt) + [first]  # the cache holds all but the last token
     record = StepRecord("prefill", [first], len(prompt), kernel, 0.0)
+    if offload is not None:
+        record = replace(record, **offload.take_stats())
     emitted = 1
     while True:
         # Truncate at a stop token or the token budget; the record closes the step.
@@ -120,14 +138,19 @@ def generate(
         drafted = len(draft.tokens)
         verify_start = time.perf_counter()
         kernel = kernels.for_pass(drafted + 1)
+        if offload is not None:
+            offload.begin_step(drafted + 1, drafted=drafted, draft_seconds=verify_start - start)
         logits = model(
             torch.tensor(context[-1:] + draft.tokens),
             cache,
             kernel=kernel,
             all_logits=True,
             routing_sink=routing_sink,
+            offload=offload,
         )[0]
         accepted, tokens = verify(draft.tokens, logits, sampler, draft.probs)
+        if offload is not None:
+            offload.end_step(accepted)
         cache.rollback(len(context) + accepted)
         verify_seconds = time.perf_counter() - verify_start
         kernels.observe(drafted + 1, kernel, verify_seconds)
@@ -150,6 +173,7 @@ def generate(
             ),
             draft_seconds=verify_start - start,
             verify_seconds=verify_seconds,
+            **(offload.take_stats() if offload is not None else {}),
         )
 
 
@@ -173,4 +197,5 @@ def summarize(records: Sequence[StepRecord]) -> dict:
         "decode_seconds": decode_seconds,
         "tokens_per_second": decode_tokens / decode_seconds if decode_seconds > 0 else None,
         "finish_reason": records[-1].finish_reason if records else None,
+        **{name: sum(getattr(r, name) for r in records) for name in OFFLOAD_FIELDS},
     }

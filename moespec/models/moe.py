@@ -13,6 +13,9 @@ from moespec.kernels import ExpertWeights, get_kernel
 
 # sink(layer, expert_ids [T, m], expert_weights [T, m]): sees the routing of every pass.
 RoutingSink = Callable[[int, torch.Tensor, torch.Tensor], None]
+# offload(layer, x [T, H], expert_ids [T, m], expert_weights [T, m], kernel) -> y [T, H]: runs a
+# layer's experts from tiers of its own (moespec.offload's executor) instead of the block's.
+ExpertExecutor = Callable[[int, torch.Tensor, torch.Tensor, torch.Tensor, str], torch.Tensor]
 
 
 def route(
@@ -38,11 +41,21 @@ class MoEBlock:
     top_k: int
     renormalize: bool
 
-    def __call__(self, x, *, kernel: str, layer: int, sink: RoutingSink | None = None):
+    def __call__(
+        self,
+        x,
+        *,
+        kernel: str,
+        layer: int,
+        sink: RoutingSink | None = None,
+        offload: ExpertExecutor | None = None,
+    ):
         # x: [B, T, H]
         shape = x.shape
         flat = x.reshape(-1, shape[-1])
         weights, ids = route(flat, self.router, self.top_k, self.renormalize)
         if sink is not None:
             sink(layer, ids, weights)
+        if offload is not None:  # the experts live in the executor's tiers, not in self.experts
+            return offload(layer, flat, ids, weights, kernel).view(shape)
         return get_kernel(kernel)(flat, ids, weights, self.experts).view(shape)

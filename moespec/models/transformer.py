@@ -12,7 +12,7 @@ import torch.nn.functional as F
 from moespec.models.cache import KVCache
 from moespec.models.config import ModelConfig
 from moespec.models.layers import Attention, DenseMLP, Rotary, attention_mask, rms_norm
-from moespec.models.moe import MoEBlock, RoutingSink
+from moespec.models.moe import ExpertExecutor, MoEBlock, RoutingSink
 
 
 @dataclass
@@ -53,12 +53,16 @@ class Transformer:
         kernel: str = "slot",
         all_logits: bool = False,
         routing_sink: RoutingSink | None = None,
+        offload: ExpertExecutor | None = None,
     ) -> torch.Tensor:
         """Run a pass of T tokens after the cache's positions; return float32 logits
         [B, T, V] (all_logits) or [B, 1, V] (the last position only).
 
         kernel: the expert kernel of every MoE layer in this pass ("slot", "dedup", ...).
         routing_sink: called per MoE layer with the pass's expert ids and weights.
+        offload: an executor that runs every MoE layer's experts from its own tiers,
+        `offload(layer, x, expert_ids, expert_weights, kernel) -> y` (see moespec.offload);
+        None: the experts held in memory by the model.
         """
         if tokens.dim() == 1:
             tokens = tokens[None]
@@ -77,6 +81,7 @@ class Transformer:
                 kernel=kernel,
                 layer=i,
                 sink=routing_sink,
+                offload=offload,
             )
         cache.advance(length)
         if not all_logits:

@@ -1,0 +1,500 @@
+"""Benchmark: offload policies measured in the engine beside the simulator's prediction.
+
+Checkpoint mode (--model DIR, default the embedded demo model): the model's greedy continuation
+of --prompt is decoded with the oracle drafter (draft length k, geometric acceptance a) by the
+in-memory engine and, for each policy, by the offload engine at --cache-ratio; the routing of
+that continuation, recorded teacher-forced, is the simulator's trace (its prompt part the fit
+split of both), replayed at the same k and a on a profile measured here (`this-machine`), with
+the model's dense bytes per layer and no draft time (the oracle costs none). spac-ar decodes
+without a draft in both. Reported per policy: measured and simulated tokens/s and time per
+step, the simulator's relative error, hit rate, bytes copied, CPU experts.
+
+Expert mode (--synthetic SHAPE): random experts of a built-in shape (MoE layers cut by
+--layers) replayed through the executor alone with the simulator's own steps (same seeded
+acceptance draws), activations on --device: what a GPU run measures (real PCIe copies into the
+device cache) without attention. The profile is measured here: `this-machine` on the CPU; on
+CUDA, pinned copies, device and CPU expert times at the shape's size.
+
+    python benchmarks/offload_engine.py --out FILE [--model DIR] [--cache-ratio 0.25]
+        [--draft-length 4] [--acceptance 0.7] [--tokens 128] [--repeats 3] [--threads N]
+    python benchmarks/offload_engine.py --out FILE --synthetic olmoe-1b-7b --layers 4 --device cuda
+"""
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from common import machine  # noqa: E402
+
+from moespec.decoding import DraftLengthPolicy, KernelPolicy, OracleDrafter, generate, summarize
+from moespec.files import check_writable, write_json
+from moespec.kernels import ExpertWeights, get_kernel
+from moespec.offload import POLICY_NAMES, make_policy
+from moespec.offload.executor import OffloadEngine, expert_cache_budget
+from moespec.offload.simulator import SimulationSettings, simulate
+from moespec.routing import RoutingTrace
+
+
+def main() -> int:
+    args = parse_args()
+    check_writable(args.out, force=args.force)
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    policies = [p.strip() for p in args.policies.split(",") if p.strip()]
+    for name in policies:
+        make_policy(name)  # unknown names fail before any work
+    bench = ExpertBench(args) if args.synthetic else CheckpointBench(args)
+    results = {"in-memory": bench.row(None)}
+    if not all(make_policy(name).speculative for name in policies):
+        results["in-memory-ar"] = bench.row(None, speculative=False)
+    for name in policies:
+        results[name] = bench.row(name)
+        memory = "in-memory" if make_policy(name).speculative else "in-memory-ar"
+        results[name]["offload_overhead_ms"] = overhead(results[name], results[memory])
+    print_table(results)
+    write_json(
+        args.out,
+        {
+            "benchmark": "offload engine vs simulator",
+            "settings": {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()},
+            "workload": bench.description,
+            "profile": bench.profile.to_dict(),
+            "results": results,
+            "machine": machine(),
+        },
+        force=args.force,
+    )
+    print(f"wrote {args.out}", file=sys.stderr)
+    return 0
+
+
+class Bench:
+    """A row per policy: the median of `repeats` measured runs (after a warm-up) beside the
+    simulation of the same trace and settings. Policy None: the experts in memory (simulated
+    as LRU with a cache of every expert), with or without speculation."""
+
+    def row(self, name: str | None, speculative: bool = True) -> dict:
+        speculative = make_policy(name).speculative if name else speculative
+        self.measure(name, speculative)  # warm-up
+        runs = [self.measure(name, speculative) for _ in range(self.args.repeats)]
+        measured = median_run(runs)
+        policy = make_policy(name or "lru").fit(self.fit)
+        k = self.args.draft_length if speculative else 0
+        settings = SimulationSettings(
+            cache_ratio=self.args.cache_ratio if name else 1.0,
+            draft_length=k,
+            acceptance=self.args.acceptance,
+            tokens=measured["tokens"],
+            seed=self.args.seed,
+            **self.sim_settings,
+        )
+        return side_by_side(measured, simulate(self.trace, policy, self.profile, settings))
+
+
+def overhead(row: dict, memory: dict) -> dict:
+    """Step time over the in-memory step, measured and simulated: the offloading's own cost,
+    without what the timing model leaves out of both (Python dispatch, attention kernels)."""
+    measured = row["measured"]["step_ms"] - memory["measured"]["step_ms"]
+    simulated = row["simulated"]["step_ms"] - memory["simulated"]["step_ms"]
+    return {"measured": measured, "simulated": simulated, "error_ms": simulated - measured}
+
+
+def parse_args():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", required=True, type=Path, help="results JSON")
+    parser.add_argument("--model", type=Path, help="checkpoint (default: the demo model)")
+    parser.add_argument("--synthetic", metavar="SHAPE", help="expert mode on a built-in shape")
+    parser.add_argument("--layers", type=int, default=4, help="expert mode: MoE layers kept")
+    parser.add_argument("--device", default="cpu", help="the expert cache's device")
+    parser.add_argument("--dtype", default="fp32", choices=["fp32", "bf16"])
+    parser.add_argument("--prompt", default="The")
+    parser.add_argument("--policies", default=",".join(POLICY_NAMES))
+    parser.add_argument("--cache-ratio", type=float, default=0.25)
+    parser.add_argument("--draft-length", type=int, default=4)
+    parser.add_argument("--acceptance", type=float, default=0.7)
+    parser.add_argument("--tokens", type=int, default=128, help="tokens decoded per run")
+    parser.add_argument("--fit-tokens", type=int, default=64, help="expert mode: fit split")
+    parser.add_argument("--repeats", type=int, default=3, help="runs per policy (median)")
+    parser.add_argument("--kernel", default="slot", choices=["slot", "dedup"])
+    parser.add_argument("--threads", type=int, help="torch threads (default: torch's)")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--force", action="store_true")
+    return parser.parse_args()
+
+
+def relative_error(simulated: float, measured: float) -> float | None:
+    return (simulated - measured) / measured if measured else None
+
+
+def side_by_side(measured: dict, simulated) -> dict:
+    sim = {
+        "tokens_per_second": simulated.tokens_per_second,
+        "step_ms": 1e3 * simulated.seconds / simulated.steps,
+        "hit_rate": simulated.hit_rate,
+        "bytes_copied": simulated.bytes_moved,
+        "cpu_experts": simulated.cpu_experts,
+        "steps": simulated.steps,
+        "tokens": simulated.tokens,
+    }
+    return {
+        "measured": measured,
+        "simulated": sim,
+        "relative_error": {
+            "tokens_per_second": relative_error(
+                sim["tokens_per_second"], measured["tokens_per_second"]
+            ),
+            "step_time": relative_error(sim["step_ms"], measured["step_ms"]),
+        },
+    }
+
+
+def median_run(runs: list[dict]) -> dict:
+    """The run of median tokens/s, with every run's tokens/s beside it."""
+    ordered = sorted(runs, key=lambda r: r["tokens_per_second"])
+    middle = dict(ordered[len(ordered) // 2])
+    middle["runs_tokens_per_second"] = [r["tokens_per_second"] for r in runs]
+    return middle
+
+
+class CheckpointBench(Bench):
+    """The whole engine (attention, router, experts) on a checkpoint, oracle-drafted."""
+
+    def __init__(self, args):
+        from moespec.models import load_model
+
+        self.args = args
+        if args.model is None:
+            from moespec.demo import demo_paths
+
+            args.model = demo_paths()[0]
+        self.model, tokenizer = load_model(args.model, dtype=args.dtype)
+        self.prompt = tokenizer.encode(args.prompt)
+        kernels = KernelPolicy(args.kernel)
+        records = generate(self.model, self.prompt, max_tokens=args.tokens + 1, kernels=kernels)
+        self.reference = [t for r in records for t in r.tokens]
+        self.trace = routing_trace(self.model, self.prompt + self.reference)
+        self.fit = cut_trace(self.trace, len(self.prompt))
+        self.profile = this_machine(self.model)
+        dense = self.model.parameter_bytes()["dense"] / self.trace.num_layers
+        self.sim_settings = dict(
+            fit_tokens=len(self.prompt),
+            draft_bytes_ratio=0.0,
+            dense_bytes_per_layer=dense,
+            hidden_size=self.model.config.hidden_size,
+            bytes_per_parameter=self.model.dtype.itemsize,
+        )
+        self.description = {
+            "mode": "checkpoint",
+            "model": str(args.model),
+            "prompt_tokens": len(self.prompt),
+            "moe_layers": self.trace.num_layers,
+            "experts": self.trace.num_experts,
+            "top_k": self.trace.top_k,
+            "expert_bytes": self.trace.expert_bytes[0],
+            "dense_bytes_per_layer": dense,
+        }
+
+    def measure(self, policy_name: str | None, speculate: bool) -> dict:
+        args, model = self.args, self.model
+        k = args.draft_length if speculate else 0
+        engine = None
+        if policy_name is not None:
+            total = self.trace.num_experts * sum(self.trace.expert_bytes)
+            budget = expert_cache_budget(total, self.trace.expert_bytes[0], ratio=args.cache_ratio)
+            policy = make_policy(policy_name).fit(self.fit)
+            engine = OffloadEngine.for_model(
+                model, policy, budget, draft_length=k, device=args.device
+            )
+        extra = {}
+        if speculate:
+            vocab = model.config.vocab_size
+            drafter = OracleDrafter(
+                self.reference, len(self.prompt), args.acceptance, vocab, args.seed
+            )
+            extra = dict(drafter=drafter, draft_policy=DraftLengthPolicy(k))
+        try:
+            records = list(
+                generate(
+                    model,
+                    self.prompt,
+                    max_tokens=args.tokens + 1,
+                    kernels=KernelPolicy(args.kernel),
+                    offload=engine,
+                    **extra,
+                )
+            )
+        finally:
+            if engine is not None:
+                engine.close()
+        if [t for r in records for t in r.tokens] != self.reference:
+            raise RuntimeError(
+                f"{policy_name}: the offloaded tokens differ from the in-memory ones"
+            )
+        s = summarize(records)
+        steps = s["decode_steps"]
+        measured = {
+            "tokens_per_second": s["tokens_per_second"],
+            "step_ms": 1e3 * s["decode_seconds"] / steps,
+            "steps": steps,
+            "tokens": s["generated_tokens"] - 1,
+            "mean_accepted_per_step": s["mean_accepted_per_step"],
+        }
+        if engine is not None:
+            decode = records[1:]
+            needed = sum(r.hits + r.misses for r in decode)
+            measured.update(
+                hit_rate=sum(r.hits for r in decode) / needed,
+                bytes_copied=sum(r.bytes_copied for r in decode),
+                cpu_experts=sum(r.cpu_experts for r in decode),
+            )
+        return measured
+
+
+def routing_trace(model, tokens: list[int]) -> RoutingTrace:
+    """The routing of `tokens`, teacher-forced in memory, as a one-document trace."""
+    from moespec.routing.record import model_header, record_routing
+
+    (recorded,) = record_routing(model, [("bench", tokens)], kernel="slot")
+    header = model_header(model)
+    ids = recorded.expert_ids.astype(np.int64)
+    return RoutingTrace(
+        ids,
+        [0, len(ids)],
+        ["bench"],
+        header["num_experts"],
+        header["expert_bytes"],
+        header["layer_indices"],
+        model=header["model"],
+    )
+
+
+def cut_trace(trace: RoutingTrace, tokens: int) -> RoutingTrace:
+    return RoutingTrace(
+        trace.expert_ids[:tokens],
+        [0, tokens],
+        ["fit"],
+        trace.num_experts,
+        list(trace.expert_bytes),
+        list(trace.layer_indices),
+    )
+
+
+def this_machine(model):
+    from moespec.offload.hardware import measure_this_machine
+
+    block = next(iter(model.moe_blocks.values()))
+    return measure_this_machine(block.experts.hidden_size, block.experts.intermediate_size)
+
+
+class ExpertBench(Bench):
+    """The executor alone on random experts of a shape, stepped like the simulator."""
+
+    def __init__(self, args):
+        from moespec.routing import get_shape
+        from moespec.routing.synthetic import LocalityProcess, synthetic_trace
+
+        self.args = args
+        shape = get_shape(args.synthetic)
+        layers = min(args.layers, shape.num_layers)
+        dtype = torch.float32 if args.dtype == "fp32" else torch.bfloat16
+        hidden, inter, n = shape.hidden_size, shape.expert_intermediate_size, shape.num_experts
+        generator = torch.Generator().manual_seed(args.seed)
+        self.experts = {
+            layer: ExpertWeights(
+                torch.randn(n, 2 * inter, hidden, generator=generator, dtype=dtype) * 0.02,
+                torch.randn(n, hidden, inter, generator=generator, dtype=dtype) * 0.02,
+            )
+            for layer in range(layers)
+        }
+        w = self.experts[0].bytes_per_expert
+        reuse2 = shape.published_reuse2 or 0.4
+        process = LocalityProcess(n, shape.top_k).fit(reuse2, seed=args.seed)
+        steps_tokens = args.fit_tokens + args.tokens + args.draft_length + 1
+        self.trace = synthetic_trace(
+            process,
+            num_layers=layers,
+            tokens=steps_tokens,
+            expert_bytes=[w] * layers,
+            layer_indices=list(range(layers)),
+            seed=args.seed,
+        )
+        self.fit = cut_trace(self.trace, args.fit_tokens)
+        self.profile = expert_profile(self.experts[0], args.device)
+        self.hidden, self.dtype = hidden, dtype
+        # In memory: every expert on the device (for a CUDA run, they must fit there).
+        self.resident = [
+            ExpertWeights(e.gate_up.to(args.device), e.down.to(args.device))
+            for e in self.experts.values()
+        ]
+        self.sim_settings = dict(
+            fit_tokens=args.fit_tokens, draft_bytes_ratio=0.0, bytes_per_parameter=dtype.itemsize
+        )
+        self.description = {
+            "mode": "experts",
+            "shape": args.synthetic,
+            "moe_layers": layers,
+            "experts": n,
+            "top_k": shape.top_k,
+            "hidden": hidden,
+            "intermediate": inter,
+            "expert_bytes": w,
+            "reuse2": reuse2,
+            "device": args.device,
+        }
+
+    def steps(self, k: int):
+        """(position, pass size, tokens emitted) of the simulator's steps: its seeded draws."""
+        rng = np.random.default_rng(self.args.seed)
+        pos, emitted = self.args.fit_tokens, 0
+        while emitted < self.args.tokens:
+            drafts = rng.random(k) < self.args.acceptance
+            accepted = int(np.argmin(drafts)) if not drafts.all() else k
+            step = min(accepted + 1, k + 1, self.args.tokens - emitted)
+            yield pos, k + 1, step
+            pos, emitted = pos + step, emitted + step
+
+    def measure(self, name: str | None, speculative: bool) -> dict:
+        """Replay the trace through the executor (None: the kernel on resident experts)."""
+        args, trace = self.args, self.trace
+        k = args.draft_length if speculative else 0
+        engine = self.engine(make_policy(name).fit(self.fit), k) if name else None
+        x = torch.randn(k + 1, self.hidden, dtype=self.dtype, device=args.device)
+        weights = torch.full((k + 1, trace.top_k), 1 / trace.top_k, device=args.device)
+        totals, steps, kernel = dict.fromkeys(STATS, 0), 0, get_kernel(args.kernel)
+        with torch.inference_mode():
+            start = time.perf_counter()
+            for pos, n, emitted in self.steps(k):
+                ids = torch.from_numpy(trace.expert_ids[pos : pos + n].astype(np.int64))
+                ids = ids.to(args.device)
+                if engine is None:
+                    for layer in range(trace.num_layers):
+                        kernel(x[:n], ids[:, layer], weights[:n], self.resident[layer])
+                    steps += 1
+                    continue
+                engine.begin_step(n, drafted=k)
+                for layer in range(trace.num_layers):
+                    engine(layer, x[:n], ids[:, layer], weights[:n], args.kernel)
+                engine.end_step(emitted - 1)
+                for key, value in engine.take_stats().items():
+                    totals[key] += value
+                steps += 1
+            if args.device.startswith("cuda"):
+                torch.cuda.synchronize()
+            seconds = time.perf_counter() - start
+        if engine is not None:
+            engine.close()
+        return expert_row(args.tokens, steps, seconds, totals if engine else None)
+
+    def engine(self, policy, k: int) -> OffloadEngine:
+        trace = self.trace
+        total = trace.num_experts * sum(trace.expert_bytes)
+        budget = expert_cache_budget(total, trace.expert_bytes[0], ratio=self.args.cache_ratio)
+        engine = OffloadEngine(
+            self.experts, policy, budget, top_k=trace.top_k, draft_length=k, device=self.args.device
+        )
+        engine.start()  # preload the fit split's hottest experts before the clock starts
+        return engine
+
+
+def expert_row(tokens: int, steps: int, seconds: float, totals: dict | None) -> dict:
+    row = {
+        "tokens_per_second": tokens / seconds,
+        "step_ms": 1e3 * seconds / steps,
+        "steps": steps,
+        "tokens": tokens,
+    }
+    if totals is not None:
+        needed = totals["hits"] + totals["misses"]
+        row.update(
+            hit_rate=totals["hits"] / needed,
+            bytes_copied=totals["bytes_copied"],
+            cpu_experts=totals["cpu_experts"],
+        )
+    return row
+
+
+STATS = ("hits", "misses", "bytes_copied", "cpu_experts")
+
+
+def expert_profile(experts: ExpertWeights, device: str):
+    """`this-machine` at the expert's size; on CUDA, its link and accelerator parts measured
+    on the device (pinned copies of one expert; one expert applied to one token)."""
+    from dataclasses import replace
+
+    from moespec.offload.hardware import measure_this_machine
+
+    cpu = measure_this_machine(experts.hidden_size, experts.intermediate_size)
+    if device == "cpu":
+        return cpu
+    host = ExpertWeights(experts.gate_up[:1].pin_memory(), experts.down[:1].pin_memory())
+    slot = ExpertWeights(host.gate_up.to(device), host.down.to(device))
+    w = experts.bytes_per_expert
+
+    def copy():
+        slot.gate_up.copy_(host.gate_up, non_blocking=True)
+        slot.down.copy_(host.down, non_blocking=True)
+        torch.cuda.synchronize(device)
+
+    x = torch.randn(1, experts.hidden_size, dtype=experts.dtype, device=device)
+    ids = torch.zeros(1, 1, dtype=torch.long, device=device)
+    weights = torch.ones(1, 1, device=device)
+
+    def compute():
+        get_kernel("slot")(x, ids, weights, slot)
+        torch.cuda.synchronize(device)
+
+    copy_time, compute_time = best_time(copy), best_time(compute)
+    return replace(
+        cpu,
+        name=f"measured-{device}",
+        link_bandwidth=w / copy_time,
+        accelerator_bandwidth=w / compute_time,
+        accelerator_expert_time=0.0,
+        accelerator_flops=1e15,
+        note=f"{cpu.note}; link and accelerator measured on {torch.cuda.get_device_name(device)}",
+    )
+
+
+def best_time(fn, repeats: int = 20) -> float:
+    fn()  # warm-up: lazy initialisation, caches
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - start)
+    return min(times)
+
+
+def print_table(results: dict) -> None:
+    header = ["policy", "tok/s", "sim", "err", "ms/step", "sim", "over ms", "sim", "hit", "sim",
+              "MB copied", "sim", "CPU exp", "sim"]  # fmt: skip
+    print(" ".join(f"{h:>9}" for h in header))
+    for name, row in results.items():
+        m, s = row["measured"], row["simulated"]
+        over = row.get("offload_overhead_ms", {})
+        cells = [
+            name,
+            f"{m['tokens_per_second']:.1f}",
+            f"{s['tokens_per_second']:.1f}",
+            f"{row['relative_error']['tokens_per_second']:+.0%}",
+            f"{m['step_ms']:.2f}",
+            f"{s['step_ms']:.2f}",
+            f"{over['measured']:.2f}" if over else "",
+            f"{over['simulated']:.2f}" if over else "",
+            f"{m['hit_rate']:.2f}" if "hit_rate" in m else "",
+            f"{s['hit_rate']:.2f}",
+            f"{m['bytes_copied'] / 1e6:.1f}" if "bytes_copied" in m else "",
+            f"{s['bytes_copied'] / 1e6:.1f}",
+            str(m.get("cpu_experts", "")),
+            str(s["cpu_experts"]),
+        ]
+        print(" ".join(f"{c:>9}" for c in cells))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

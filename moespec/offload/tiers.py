@@ -1,0 +1,310 @@
+"""The two tiers of offloaded experts, and the link that copies between them.
+
+    ExpertStore   every expert of every MoE layer in host memory (pinned when the device is CUDA)
+    SlotPool      the expert cache on the compute device: S preallocated slots shared by all
+                  MoE layers, gate_up [S, 2I, H] and down [S, H, I]; a cached expert is computed
+                  in its slot (the kernels index the pool by slot), nothing is allocated per pass
+    Link          one copy engine: a thread that copies experts from the store into slots, one at
+                  a time, on-demand fetches ahead of prefetches, pulling prefetches whenever idle
+
+Backends say what a copy is on a device. `CpuBackend`: the device is this CPU; the pool is
+tensors of its own and a copy is a real `copy_` of the expert's bytes, so the same code runs
+and is tested everywhere. `CudaBackend`: the store pinned, copies on a copy stream, a CUDA
+event per copy (a kernel waits for it on the device, not on the host) and per slot use (a
+copy into a reused slot waits for the last kernel that read the slot).
+
+The budget: `expert_cache_budget` turns a ratio of all expert bytes W (or a byte count) into
+bytes, refusing one below a single expert w; a budget of W or more needs no offloading.
+"""
+
+import threading
+import time
+from collections import deque
+from dataclasses import dataclass
+
+import torch
+
+from moespec.kernels import ExpertWeights
+
+
+@dataclass(eq=False)
+class CopyJob:
+    """One expert copied from the store into a slot."""
+
+    layer: int  # MoE layer ordinal
+    expert: int
+    slot: int
+    kind: str  # "fetch", "prefetch" or "preload"
+    event: object = None  # the backend's completion handle (a CUDA event)
+    seconds: float = 0.0  # link time of the copy
+
+    def __post_init__(self):
+        # Released once issued (a plain lock: jobs are many, an Event costs far more to make).
+        self._gate = threading.Lock()
+        self._gate.acquire()
+
+    def mark_issued(self) -> None:
+        self._gate.release()
+
+    def wait_issued(self, timeout: float) -> bool:
+        """Whether the copy was issued within `timeout` s (then `backend.wait` may follow)."""
+        if not self._gate.acquire(timeout=timeout):
+            return False
+        self._gate.release()
+        return True
+
+
+class CpuBackend:
+    """The compute device is this CPU; its "device memory" is the slot pool's own tensors."""
+
+    name = "cpu"
+    device = torch.device("cpu")
+
+    def host(self, experts: ExpertWeights) -> ExpertWeights:
+        return experts  # the model's own tensors are the store: nothing is duplicated
+
+    def copy(self, pool: "SlotPool", job: CopyJob, source: ExpertWeights) -> None:
+        with torch.no_grad():
+            pool.weights.gate_up[job.slot].copy_(source.gate_up[job.expert])
+            pool.weights.down[job.slot].copy_(source.down[job.expert])
+        job.mark_issued()
+
+    def wait(self, job: CopyJob) -> None:
+        pass  # issued once the bytes are in the slot
+
+    def used(self, slots) -> None:
+        pass  # kernels on the CPU have finished when they return
+
+    def timer(self):
+        return _WallTimer()
+
+
+class CudaBackend:
+    """Copies on a stream of their own from pinned host memory, ordered by CUDA events."""
+
+    name = "cuda"
+
+    def __init__(self, device: str = "cuda"):
+        if not torch.cuda.is_available():
+            raise ValueError(f"offload device {device!r}: CUDA is not available on this machine")
+        self.device = torch.device(device)
+        self.copy_stream = torch.cuda.Stream(self.device)
+        self.last_use: dict[int, torch.cuda.Event] = {}  # slot -> event after its last kernel
+
+    def host(self, experts: ExpertWeights) -> ExpertWeights:
+        # Pinned pages let the copy engine read host memory directly (and asynchronously).
+        return ExpertWeights(experts.gate_up.pin_memory(), experts.down.pin_memory())
+
+    def copy(self, pool: "SlotPool", job: CopyJob, source: ExpertWeights) -> None:
+        after = self.last_use.pop(job.slot, None)
+        with torch.cuda.stream(self.copy_stream):
+            if after is not None:
+                self.copy_stream.wait_event(after)  # the slot's last reader has finished
+            pool.weights.gate_up[job.slot].copy_(source.gate_up[job.expert], non_blocking=True)
+            pool.weights.down[job.slot].copy_(source.down[job.expert], non_blocking=True)
+            job.event = torch.cuda.Event()
+            job.event.record(self.copy_stream)
+        job.mark_issued()
+        job.event.synchronize()  # the link thread waits: copies stay one at a time, timed
+
+    def wait(self, job: CopyJob) -> None:
+        """Once issued: the compute stream waits for the copy, the host does not."""
+        torch.cuda.current_stream(self.device).wait_event(job.event)
+
+    def used(self, slots) -> None:
+        event = torch.cuda.Event()
+        event.record(torch.cuda.current_stream(self.device))
+        for slot in slots:
+            self.last_use[int(slot)] = event
+
+    def timer(self):
+        return _CudaTimer(self.device)
+
+
+class _WallTimer:
+    def __enter__(self):
+        self.start = time.perf_counter()
+        return self
+
+    def __exit__(self, *exc):
+        self.elapsed = time.perf_counter() - self.start
+        return False
+
+    def seconds(self) -> float:
+        return self.elapsed
+
+
+class _CudaTimer:
+    """Device time between two events (read after the layer's result is back on the host)."""
+
+    def __init__(self, device):
+        self.device = device
+
+    def __enter__(self):
+        self.begin = torch.cuda.Event(enable_timing=True)
+        self.end = torch.cuda.Event(enable_timing=True)
+        self.begin.record(torch.cuda.current_stream(self.device))
+        return self
+
+    def __exit__(self, *exc):
+        self.end.record(torch.cuda.current_stream(self.device))
+        return False
+
+    def seconds(self) -> float:
+        self.end.synchronize()
+        return self.begin.elapsed_time(self.end) / 1e3
+
+
+def make_backend(device):
+    """The backend of a device name ("cpu", "cuda", "cuda:N", or "auto": CUDA when available),
+    or `device` itself when it is already a backend."""
+    if hasattr(device, "copy") and hasattr(device, "wait"):
+        return device
+    if device == "auto":
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    if device == "cpu":
+        return CpuBackend()
+    if device == "cuda" or device.startswith("cuda:"):
+        return CudaBackend(device)
+    raise ValueError(f"unknown offload device {device!r} (choose cpu, cuda, cuda:N or auto)")
+
+
+def expert_cache_budget(
+    total_bytes: int, bytes_per_expert: int, *, ratio: float | None = None, nbytes=None
+) -> int:
+    """The expert cache budget in bytes: `ratio` of all expert bytes W, or `nbytes`.
+
+    A budget below one expert is an error; one of W or more needs no offloading (the caller
+    runs in memory: see `fits_in_memory`).
+    """
+    if (ratio is None) == (nbytes is None):
+        raise ValueError("give the expert cache as a ratio or as bytes, not both or neither")
+    if ratio is not None:
+        if not ratio > 0:
+            raise ValueError(f"expert cache ratio must be > 0, got {ratio}")
+        budget, what = int(ratio * total_bytes), f"expert cache ratio {ratio:g}"
+    else:
+        if int(nbytes) < 0:
+            raise ValueError(f"expert cache bytes must be >= 0, got {nbytes}")
+        budget, what = int(nbytes), "expert cache"
+    if budget < bytes_per_expert:
+        raise ValueError(
+            f"{what} of {budget} bytes holds no expert: one expert is {bytes_per_expert} bytes "
+            f"(the least budget; ratio {bytes_per_expert / total_bytes:.3g} of all expert bytes)"
+        )
+    return budget
+
+
+def model_expert_bytes(model) -> tuple[int, int]:
+    """(W, w): the bytes of all experts of a Transformer's MoE layers, and of one expert."""
+    experts = [block.experts for block in model.moe_blocks.values()]
+    if not experts:
+        raise ValueError(f"{model.config.name}: the model has no MoE layer to offload")
+    total = sum(e.num_experts * e.bytes_per_expert for e in experts)
+    return total, experts[0].bytes_per_expert
+
+
+def fits_in_memory(budget_bytes: int, total_bytes: int) -> bool:
+    """A budget holding every expert: run in memory, nothing to offload."""
+    return budget_bytes >= total_bytes
+
+
+class ExpertStore:
+    """Every expert, in host memory: layers[l] holds MoE layer l's stacked experts."""
+
+    def __init__(self, layers: list[ExpertWeights], backend):
+        if not layers:
+            raise ValueError("the model has no MoE layer to offload")
+        first = layers[0]
+        shape = (first.gate_up.shape, first.down.shape, first.dtype)
+        for i, w in enumerate(layers):
+            if (w.gate_up.shape, w.down.shape, w.dtype) != shape:
+                raise ValueError(
+                    f"MoE layer {i} has experts of another shape or dtype than layer 0: the "
+                    "offload cache shares its slots across layers and needs them all alike"
+                )
+        self.layers = [backend.host(w) for w in layers]
+        self.num_layers = len(layers)
+        self.num_experts = first.num_experts
+        self.bytes_per_expert = first.bytes_per_expert  # w_l, the same for every layer
+
+    @property
+    def total_bytes(self) -> int:
+        """W: the bytes of all experts."""
+        return self.num_layers * self.num_experts * self.bytes_per_expert
+
+
+class SlotPool:
+    """S expert slots on the device, allocated once; `weights` is the pool as one ExpertWeights
+    (a kernel given slot indices as expert ids computes cached experts where they lie)."""
+
+    def __init__(self, slots: int, like: ExpertWeights, device: torch.device):
+        _, two_i, hidden = like.gate_up.shape
+        self.weights = ExpertWeights(
+            torch.empty(slots, two_i, hidden, dtype=like.dtype, device=device),  # [S, 2I, H]
+            torch.empty(slots, hidden, two_i // 2, dtype=like.dtype, device=device),  # [S, H, I]
+        )
+        self.slots = slots
+        self._free = list(range(slots - 1, -1, -1))  # pop() hands out slot 0 first
+
+    @property
+    def used(self) -> int:
+        return self.slots - len(self._free)
+
+    def take(self) -> int:
+        slot = self._free.pop()
+        # Kernels may keep a re-laid-out copy of an expert by index (ExpertWeights.packed):
+        # the slot now holds another expert, so such a copy is stale.
+        for packed in self.weights.packed.values():
+            packed.pop(slot, None)
+        return slot
+
+    def release(self, slot: int) -> None:
+        self._free.append(slot)
+
+
+class Link:
+    """The copy engine between the tiers: a daemon thread copying one expert at a time.
+
+    `fetches` (on-demand copies, appended by the executor) go first; when none is waiting the
+    link asks `pull()` for the next prefetch (None: idle until notified). `pull` and `arrived`
+    run under `lock` (the executor's, guarding the policy and the cache); copies run outside it.
+    """
+
+    def __init__(self, pool: SlotPool, store: ExpertStore, backend, lock, pull, arrived):
+        self.pool, self.store, self.backend = pool, store, backend
+        self.lock, self.pull, self.arrived = lock, pull, arrived
+        self.fetches: deque[CopyJob] = deque()
+        self.closed = False
+        self.error: BaseException | None = None
+        self.thread = threading.Thread(target=self._run, name="moespec-offload-link", daemon=True)
+        self.thread.start()
+
+    def _next(self) -> CopyJob | None:
+        with self.lock:
+            while not self.closed:
+                job = self.fetches.popleft() if self.fetches else self.pull()
+                if job is not None:
+                    return job
+                self.lock.wait()
+            return None
+
+    def _run(self) -> None:
+        try:
+            while (job := self._next()) is not None:
+                start = time.perf_counter()
+                self.backend.copy(self.pool, job, self.store.layers[job.layer])
+                job.seconds = time.perf_counter() - start
+                with self.lock:
+                    self.arrived(job)
+        except BaseException as error:  # surfaced by the executor instead of hanging it
+            self.error = error
+            with self.lock:
+                self.closed = True
+                self.lock.notify_all()
+
+    def close(self) -> None:
+        with self.lock:
+            self.closed = True
+            self.lock.notify_all()
+        self.thread.join()
