@@ -23,6 +23,7 @@ from common import machine  # noqa: E402
 
 from moespec.decoding import DraftLengthPolicy, KernelPolicy, ModelDrafter, Sampler  # noqa: E402
 from moespec.decoding import generate as moespec_generate  # noqa: E402
+from moespec.demo import describe  # noqa: E402
 from moespec.files import write_json  # noqa: E402
 from moespec.models import load_model  # noqa: E402
 
@@ -149,8 +150,8 @@ def main(argv=None) -> int:
         "benchmark": "assisted_vs_transformers",
         "machine": machine(),
         "settings": {
-            "target": str(args.target),
-            "draft": str(args.draft),
+            "target": describe(args.target),
+            "draft": describe(args.draft),
             "draft_length": k,
             "tokens": args.tokens,
             "repeats": args.repeats,

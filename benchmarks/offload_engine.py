@@ -32,6 +32,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import machine  # noqa: E402
 
 from moespec.decoding import DraftLengthPolicy, KernelPolicy, OracleDrafter, generate, summarize
+from moespec.demo import describe  # noqa: E402
 from moespec.files import check_writable, write_json
 from moespec.kernels import ExpertWeights, get_kernel
 from moespec.offload import POLICY_NAMES, make_policy
@@ -172,7 +173,7 @@ class CheckpointBench(Bench):
             from moespec.demo import demo_paths
 
             args.model = demo_paths()[0]
-        self.model, tokenizer = load_model(args.model, dtype=args.dtype)
+        self.model, tokenizer = load_model(args.model, dtype=args.dtype, pack=False)
         self.prompt = tokenizer.encode(args.prompt)
         kernels = KernelPolicy(args.kernel)
         records = generate(self.model, self.prompt, max_tokens=args.tokens + 1, kernels=kernels)
@@ -190,7 +191,7 @@ class CheckpointBench(Bench):
         )
         self.description = {
             "mode": "checkpoint",
-            "model": str(args.model),
+            "model": describe(args.model),
             "prompt_tokens": len(self.prompt),
             "moe_layers": self.trace.num_layers,
             "experts": self.trace.num_experts,

@@ -190,3 +190,27 @@ def test_plan_refuses_to_overwrite_without_force(plan_dir, capsys):
     out, model_dir = plan_dir
     code = main(["plan", "--model", str(model_dir), "--out", str(out), "--dtype", "fp32"])
     assert code == 2 and "--force" in capsys.readouterr().err
+
+
+def test_force_restarts_the_benchmark_instead_of_resuming_it(checkpoint_dir, tmp_path):
+    directory, _ = checkpoint_dir("qwen3_moe")
+    settings = BenchSettings(pass_sizes=(1, 2), chosen_levels=2, repeats=1, warmup=0, flush_bytes=0)
+    options = dict(
+        model_dir=directory,
+        dtype="fp32",
+        settings=settings,
+        windows=2,
+        depth=16,
+        verify_repeats=1,
+        progress=False,
+    )
+    make_plan(tmp_path, **options)
+    raw = tmp_path / "bench.jsonl"
+    lines = raw.read_text().splitlines()
+    stale = json.loads(lines[1])
+    stale["median"] = 123.0  # a timing from "another kernel"
+    raw.write_text("\n".join([lines[0], json.dumps(stale)] + lines[2:]) + "\n")
+    with pytest.raises(FileExistsError):
+        make_plan(tmp_path, **options)
+    make_plan(tmp_path, force=True, **options)
+    assert all(r["median"] != 123.0 for r in load_raw(raw))

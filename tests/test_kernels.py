@@ -29,10 +29,13 @@ GRID = [
 ]
 
 
+@pytest.mark.parametrize("packed", [False, True], ids=["dense", "packed"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
 @pytest.mark.parametrize("kernel", sorted(set(KERNELS) - {"reference"}))
 @pytest.mark.parametrize("n, top_k, num_experts, kind", GRID)
-def test_kernel_matches_reference(kernel, dtype, n, top_k, num_experts, kind):
+def test_kernel_matches_reference(kernel, dtype, n, top_k, num_experts, kind, packed):
+    if packed and kernel == "dedup-linear":
+        pytest.skip("dedup-linear runs on unpacked weights only")
     generator = torch.Generator().manual_seed(n * 1000 + top_k * 10 + num_experts)
     experts = ExpertWeights(
         torch.randn(num_experts, 2 * INTER, HIDDEN, generator=generator).to(dtype) * 0.2,
@@ -42,6 +45,8 @@ def test_kernel_matches_reference(kernel, dtype, n, top_k, num_experts, kind):
     ids = routing(kind, n, top_k, num_experts, generator)
     weights = torch.softmax(torch.randn(n, top_k, generator=generator), -1)
     expected = KERNELS["reference"](x.float(), ids, weights, experts.to(torch.float32))
+    if packed:
+        experts.pack()
     got = get_kernel(kernel)(x, ids, weights, experts)
     assert got.dtype == dtype and got.shape == x.shape
     scale = expected.abs().max().item()
@@ -63,21 +68,43 @@ def test_bytes_per_expert_counts_gate_up_and_down():
     assert experts.bytes_per_expert == (8 * 6 + 6 * 4) * 2
 
 
-def test_fp32_dedup_on_prepacked_weights_matches_reference():
-    # Experts of >= 1 MiB take the oneDNN-prepacked path for passes of 2+ rows.
-    from moespec.kernels.dedup import PACKED_MIN_BYTES
-
+@pytest.mark.parametrize("kernel", ["slot", "dedup"])
+def test_kernels_on_packed_fp32_experts_match_reference(kernel):
+    # Experts of >= 1 MiB in fp32 are packed for oneDNN; products of 1 and of 2+ rows.
     generator = torch.Generator().manual_seed(0)
     hidden, inter = 512, 512
     experts = ExpertWeights(
         torch.randn(4, 2 * inter, hidden, generator=generator) * 0.05,
         torch.randn(4, hidden, inter, generator=generator) * 0.05,
     )
-    assert experts.down[0].nbytes >= PACKED_MIN_BYTES
+    reference = ExpertWeights(experts.gate_up.clone(), experts.down.clone())
+    assert experts.pack().is_packed
     x = torch.randn(5, hidden, generator=generator)
     ids = torch.tensor([[0, 1], [1, 0], [0, 2], [1, 3], [0, 1]])
     weights = torch.softmax(torch.randn(5, 2, generator=generator), -1)
-    got = get_kernel("dedup")(x, ids, weights, experts)
-    assert set(experts.packed["gate_up"]) == {0, 1}  # only the experts with 2+ rows
-    expected = KERNELS["reference"](x, ids, weights, experts)
+    got = get_kernel(kernel)(x, ids, weights, experts)
+    expected = KERNELS["reference"](x, ids, weights, reference)
     assert (got - expected).abs().max() <= 1e-4 * expected.abs().max()
+
+
+def test_packing_keeps_the_weights_exactly():
+    generator = torch.Generator().manual_seed(1)
+    experts = ExpertWeights(
+        torch.randn(3, 16, 12, generator=generator).bfloat16(),
+        torch.randn(3, 12, 8, generator=generator).bfloat16(),
+    )
+    dense = [(experts.gate_up[e].clone(), experts.down[e].clone()) for e in range(3)]
+    experts.pack()
+    assert experts.is_packed and experts.gate_up.device.type == "meta"
+    for e, (gate_up, down) in enumerate(dense):
+        got_gate_up, got_down = experts.dense_weights(e)
+        assert torch.equal(got_gate_up, gate_up) and torch.equal(got_down, down)
+    assert experts.bytes_per_expert == (16 * 12 + 12 * 8) * 2
+
+
+def test_dedup_linear_refuses_packed_experts():
+    experts = ExpertWeights(torch.randn(2, 8, 6).bfloat16(), torch.randn(2, 6, 4).bfloat16()).pack()
+    with pytest.raises(ValueError, match="needs unpacked expert weights"):
+        get_kernel("dedup-linear")(
+            torch.randn(1, 6).bfloat16(), torch.tensor([[0]]), torch.ones(1, 1), experts
+        )

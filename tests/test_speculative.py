@@ -242,8 +242,9 @@ def test_auto_measures_step_times_online_and_interpolates():
 
 
 def test_auto_probes_the_neighbours_of_its_choice():
-    policy = DraftLengthPolicy("auto", step_times=[1.0, 1.1, 1.2, 1.3, 1.4], probe_interval=4,
-                               prior=(0.8e6, 0.2e6))
+    policy = DraftLengthPolicy(
+        "auto", step_times=[1.0, 1.1, 1.2, 1.3, 1.4], probe_interval=4, prior=(0.8e6, 0.2e6)
+    )
     best = best_draft_length([1.0, 1.1, 1.2, 1.3, 1.4], 0.8)
     choices = [policy.choose() for _ in range(8)]
     assert choices == [best] * 3 + [best - 1] + [best] * 3 + [min(best + 1, 4)]
@@ -263,3 +264,28 @@ def test_summary_counts_drafts(pair):
     summary = summarize(records)
     assert summary["drafted"] == sum(r.drafted for r in records)
     assert summary["generated_tokens"] == 16
+
+
+def test_oracle_follows_the_target_after_a_batch_rounding_divergence(pair):
+    # A reference that leaves the target's greedy path (as a bf16 near-tie can) at position
+    # 3: with resync the oracle takes up the target's path again; without, it stays lost.
+    target, _ = pair
+    reference = greedy_reference(target, PROMPT, 30)
+    other = (reference[3] + 1) % target.config.vocab_size
+    # The greedy path had position 3 gone the other way: from there on it is another text.
+    broken = (
+        reference[:3] + [other] + greedy_reference(target, PROMPT + reference[:3] + [other], 26)
+    )
+
+    def rejections(resync):
+        drafter = OracleDrafter(broken, len(PROMPT), 1.0, target.config.vocab_size, resync=resync)
+        records = list(
+            generate(
+                target, PROMPT, max_tokens=30, drafter=drafter, draft_policy=DraftLengthPolicy(4)
+            )
+        )
+        assert tokens_of(records) == reference
+        return sum(r.accepted < r.drafted for r in records)
+
+    assert rejections(lambda context, n: greedy_reference(target, context, n)) == 1
+    assert rejections(None) > 3

@@ -32,6 +32,7 @@ from moespec.calibrate.predict import (
 )
 from moespec.calibrate.timing import read_bandwidth
 from moespec.calibrate.verify import measure_draft_time, measure_verify, verify_table
+from moespec.demo import describe
 from moespec.files import write_json
 from moespec.kernels import ExpertWeights
 from moespec.routing.reuse import document_statistics, estimate, split_trace
@@ -81,6 +82,21 @@ def fit_all(records: list[dict], top_k: int, kernels) -> tuple[dict, dict]:
         fits[kernel] = fit.fit(records)
         errors[kernel] = fit.bandwidth_error(records)
     return fits, errors
+
+
+def bench_and_fit(experts, top_k, settings, windows_ids, header, out_dir, progress, force):
+    """Benchmark the layers' expert operation (raw timings to out_dir/bench.jsonl, resumed
+    after an interruption unless `force` restarts it), fit each kernel, score the fits on
+    the windows; (records, kernels, dedup kernel, fits, errors, bandwidth tables)."""
+    raw = Path(out_dir) / "bench.jsonl"
+    if force:
+        raw.unlink(missing_ok=True)
+    bench = ExpertOpBenchmark(experts, top_k, settings, windows_ids, header=header)
+    records = bench.run(raw, progress=progress)
+    kernels = [k for k in settings.kernels if k != "reference"]
+    dedup_kernel = next(k for k in kernels if k != "slot")
+    fits, errors = fit_all(records, top_k, kernels)
+    return records, kernels, dedup_kernel, fits, errors, effective_bandwidths(records, top_k)
 
 
 def fit_summary(fits: dict, errors: dict) -> dict:
@@ -153,19 +169,18 @@ def make_plan(
     text = [t for _, ids in tokenize_documents(tokenizer, stdlib_documents(4, 20000)) for t in ids]
 
     windows_ids = windows_by_layer(trace, layers, settings.pass_sizes, windows, settings.seed)
-    bench = ExpertOpBenchmark(
+    measured = bench_and_fit(
         {layer: model.moe_blocks[layer].experts for layer in layers},
         config.top_k,
         settings,
         windows_ids,
-        header={"model": config.name, "dtype": dtype},
+        {"model": config.name, "dtype": dtype},
+        out_dir,
+        progress,
+        force,
     )
-    records = bench.run(out_dir / "bench.jsonl", progress=progress)
-    kernels = [k for k in settings.kernels if k != "reference"]
-    dedup_kernel = next(k for k in kernels if k != "slot")
-    fits, errors = fit_all(records, config.top_k, kernels)
+    records, kernels, dedup_kernel, fits, errors, bandwidths = measured
     epsilon = max(e for e in errors.values() if e is not None)
-    bandwidths = effective_bandwidths(records, config.top_k)
 
     max_n = max(settings.pass_sizes)
     routing = estimate(document_statistics(trace, max_n), bootstrap=0)
@@ -225,8 +240,8 @@ def make_plan(
     plan = {
         "format": PLAN_FORMAT,
         "model": model_signature(config),
-        "model_dir": str(model_dir),
-        "draft_dir": str(draft_dir) if draft_dir else None,
+        "model_dir": describe(model_dir),
+        "draft_dir": describe(draft_dir) if draft_dir else None,
         "dtype": dtype,
         "device": "cpu",
         "versions": {"moespec": moespec.__version__, "torch": torch.__version__},
@@ -310,7 +325,7 @@ def random_experts(shape, dtype: torch.dtype, seed: int = 0) -> ExpertWeights:
     e, h, i = shape.num_experts, shape.hidden_size, shape.expert_intermediate_size
     gate_up = (torch.randn(e, 2 * i, h, generator=generator) * 0.02).to(dtype)
     down = (torch.randn(e, h, i, generator=generator) * 0.02).to(dtype)
-    return ExpertWeights(gate_up, down)
+    return ExpertWeights(gate_up, down).pack()  # as a loaded model holds them
 
 
 def make_shape_plan(
@@ -357,21 +372,21 @@ def make_shape_plan(
     layer = 0
     experts = random_experts(shape, parse_dtype(dtype), settings.seed)
     windows_ids = windows_by_layer(trace, [layer], settings.pass_sizes, windows, settings.seed)
-    bench = ExpertOpBenchmark(
+    records, kernels, dedup_kernel, fits, errors, bandwidths = bench_and_fit(
         {layer: experts},
         shape.top_k,
         settings,
         windows_ids,
-        header={"shape": shape.name, "dtype": dtype},
+        {"shape": shape.name, "dtype": dtype},
+        out_dir,
+        progress,
+        force,
     )
-    records = bench.run(out_dir / "bench.jsonl", progress=progress)
-    kernels = [k for k in settings.kernels if k != "reference"]
-    dedup_kernel = next(k for k in kernels if k != "slot")
-    fits, errors = fit_all(records, shape.top_k, kernels)
-    bandwidths = effective_bandwidths(records, shape.top_k)
     max_n = max(settings.pass_sizes)
     routing = estimate(document_statistics(trace, max_n), bootstrap=0)
     per_layer = times_from_fits(fits, routing.union, [shape.bytes_per_expert], shape.top_k)
+    for kernel in per_layer:  # a one-token pass runs the per-slot kernel whatever the switch
+        per_layer[kernel][:, 0] = per_layer["slot"][:, 0]
     # Every MoE layer has the same expert shape and (synthetic) routing law: sum L of them.
     expert_saving = shape.num_layers * (per_layer["slot"][0] - per_layer[dedup_kernel][0])
     from moespec.costmodel import crossover

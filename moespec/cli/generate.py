@@ -1,11 +1,13 @@
 """Generate text with an MoE model, streaming it as it is decoded, optionally speculating.
 
 Loads a Hugging Face checkpoint directory (config.json, *.safetensors, tokenizer.json) and
-decodes at batch size 1. The expert kernel of each pass is chosen by --kernel: "slot"
-(per-slot), "dedup" (deduplicating), or "auto" (per-slot below --crossover, deduplicating
-from it). With --draft, each step drafts k tokens and verifies them in one pass of k + 1:
---draft-length K fixes k; "auto" takes k*(a) from the cost model, with the acceptance a
-estimated online and the step times V(k) measured online. Temperature 0 is greedy.
+decodes at batch size 1 (default: the embedded demo MoE, drafted by its demo draft). The
+expert kernel of each pass is chosen by --kernel: "slot" (per-slot), "dedup" (deduplicating),
+or "auto": per-slot below the crossover pass size (from --crossover or --plan), else the
+kernel measured faster at each pass size as decoding goes. With --draft, each step drafts k
+tokens and verifies them in one pass of k + 1: --draft-length K fixes k; "auto" takes k*(a)
+from the cost model, with the acceptance a estimated online and the step times V(k) measured
+online (or read from --plan). Temperature 0 is greedy.
 
 With --offload POLICY (spac, lru, static, hybrid, spac-ar, ...) the target's experts live in
 host memory and an expert cache of --expert-cache-ratio R of their bytes (or
@@ -122,6 +124,7 @@ def run(args: argparse.Namespace) -> int:
 
     from moespec.decoding import KernelPolicy, Sampler, generate, summarize
     from moespec.decoding.setup import build_drafter
+    from moespec.demo import describe
     from moespec.models import StreamingDetokenizer, load_model
 
     if args.max_tokens < 1:
@@ -139,7 +142,7 @@ def run(args: argparse.Namespace) -> int:
             args.draft = demo_draft
     if args.draft == "none":
         args.draft = None
-    model, tokenizer = load_model(args.model, dtype=args.dtype)
+    model, tokenizer = load_model(args.model, dtype=args.dtype, pack=args.offload is None)
     plan = None
     if args.plan:
         from moespec.calibrate.plan import load_plan
@@ -225,7 +228,7 @@ def run(args: argparse.Namespace) -> int:
         print(
             json.dumps(
                 {
-                    "model": str(args.model),
+                    "model": describe(args.model),
                     "draft": args.draft,
                     "prompt": args.prompt,
                     "prompt_tokens": prompt,
@@ -322,7 +325,18 @@ def make_policy(draft_length, max_draft_length, plan, draft_spec):
 
     if plan is None:
         return DraftLengthPolicy(draft_length, max_draft_length=max_draft_length)
-    same_draft = plan.get("draft_dir") is not None and plan.get("draft_dir") == draft_spec
+    from pathlib import Path
+
+    from moespec.demo import describe
+
+    planned = plan.get("draft_dir")
+    same_draft = (
+        planned is not None
+        and draft_spec is not None
+        and (
+            describe(draft_spec) == planned or Path(draft_spec).resolve() == Path(planned).resolve()
+        )
+    )
     return DraftLengthPolicy(
         draft_length,
         max_draft_length=max_draft_length,

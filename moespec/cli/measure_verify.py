@@ -48,11 +48,22 @@ def run(args: argparse.Namespace) -> int:
     else:
         tokens = [t for d in stdlib_documents(4, 20000) for t in tokenizer.encode(d.text)]
     kernels = tuple(k.strip() for k in args.kernels.split(","))
-    records = measure_verify(model, tokens, depth=args.depth,
-                             pass_sizes=tuple(range(1, args.max_n + 1)), kernels=kernels,
-                             repeats=args.repeats)
-    result = {"model": str(model_dir), "dtype": args.dtype, "depth": args.depth,
-              "records": records}
+    records = measure_verify(
+        model,
+        tokens,
+        depth=args.depth,
+        pass_sizes=tuple(range(1, args.max_n + 1)),
+        kernels=kernels,
+        repeats=args.repeats,
+    )
+    from moespec.demo import describe
+
+    result = {
+        "model": describe(model_dir),
+        "dtype": args.dtype,
+        "depth": args.depth,
+        "records": records,
+    }
     if args.out:
         write_json(args.out, result, force=args.force)
     if args.json:

@@ -41,16 +41,20 @@ def verify_time(
     """
     requested_bytes = check_non_negative(requested_bytes, "requested_bytes")
     bandwidth = check_positive(bandwidth, "bandwidth")
-    pass_dense_bytes = check_non_negative(pass_dense_bytes, "pass_dense_bytes")
     outside_time = check_non_negative(outside_time, "outside_time")
     fixed_work = check_non_negative(fixed_work, "fixed_work")
-    dense_time = 0
-    if pass_dense_bytes:
-        if dense_bandwidth is None:
-            raise ValueError("dense_bandwidth is required when pass_dense_bytes is non-zero")
-        dense_bandwidth = check_positive(dense_bandwidth, "dense_bandwidth")
-        dense_time = pass_dense_bytes / dense_bandwidth
+    dense_time = _dense_time(pass_dense_bytes, dense_bandwidth, "pass_dense_bytes")
     return outside_time + dense_time + requested_bytes / bandwidth + fixed_work
+
+
+def _dense_time(nbytes: Number, bandwidth: Number | None, name: str) -> Number:
+    """Bytes read once per pass over the dense bandwidth beta_D (0 when there are none)."""
+    nbytes = check_non_negative(nbytes, name)
+    if not nbytes:
+        return 0
+    if bandwidth is None:
+        raise ValueError(f"dense_bandwidth is required when {name} is non-zero")
+    return nbytes / check_positive(bandwidth, "dense_bandwidth")
 
 
 def saving(
@@ -244,14 +248,8 @@ def reuse_threshold(
     total_expert_bytes = check_positive(total_expert_bytes, "total_expert_bytes")
     bandwidth = check_positive(bandwidth, "bandwidth")
     plain_bandwidth = check_positive(plain_bandwidth, "plain_bandwidth")
-    dense_growth = check_non_negative(dense_growth, "dense_growth")
     fixed_work_growth = check_real(fixed_work_growth, "fixed_work_growth")
-    dense_time = 0
-    if dense_growth:
-        if dense_bandwidth is None:
-            raise ValueError("dense_bandwidth is required when dense_growth is non-zero")
-        dense_bandwidth = check_positive(dense_bandwidth, "dense_bandwidth")
-        dense_time = dense_growth / dense_bandwidth
+    dense_time = _dense_time(dense_growth, dense_bandwidth, "dense_growth")
     accepted = _geometric_sum(acceptance, draft_length) - 1
     room = accepted * plain_verify_time - dense_time - fixed_work_growth
     mw = top_k * total_expert_bytes

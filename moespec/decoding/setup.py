@@ -67,7 +67,14 @@ def build_drafter(
             reference = greedy_reference(
                 target, prompt, max_tokens, None, target.config.eos_token_ids
             )
-        return OracleDrafter(reference, len(prompt), acceptance, vocab, seed)
+        return OracleDrafter(
+            reference,
+            len(prompt),
+            acceptance,
+            vocab,
+            seed,
+            resync=lambda context, n: greedy_reference(target, context, n),
+        )
     path = Path(spec)
     if not path.is_dir():
         raise ValueError(f"--draft {spec!r} is neither a checkpoint directory, oracle:A nor lookup")

@@ -17,3 +17,13 @@ def demo_paths() -> tuple[Path, Path]:
                 "pass --model DIR"
             )
     return target, draft
+
+
+def describe(path) -> str:
+    """How to name a checkpoint in results: the demo pair by its place in the package
+    ("moespec/demo/target"), anything else as given."""
+    path = Path(path)
+    try:
+        return str(Path("moespec/demo") / path.resolve().relative_to(DEMO_DIR))
+    except ValueError:
+        return str(path)

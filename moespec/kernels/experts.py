@@ -1,8 +1,10 @@
 """A layer's experts held stacked: gate and up fused as [E, 2I, H], down as [E, H, I]."""
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import torch
+
+from moespec.kernels.linear import PackedWeight, dense, pack
 
 
 @dataclass
@@ -10,12 +12,14 @@ class ExpertWeights:
     """Stacked SwiGLU experts of one MoE layer (E = experts, H = hidden, I = intermediate).
 
     gate_up[e] = cat(gate_proj[e], up_proj[e]) so that one product gives both halves.
+    After `pack()`, each expert's two matrices are held packed for the CPU's fastest library
+    path (moespec.kernels.linear) and the stacked tensors keep only their shape (meta).
     """
 
     gate_up: torch.Tensor  # [E, 2I, H]
     down: torch.Tensor  # [E, H, I]
-    # Weights re-laid out for a faster library path (e.g. oneDNN prepacked), built on first use.
-    packed: dict = field(default_factory=dict, repr=False, compare=False)
+    packed_gate_up: list | None = None  # [E] PackedWeight (or tensors) after pack()
+    packed_down: list | None = None
 
     def __post_init__(self):
         e, two_i, h = self.gate_up.shape
@@ -46,5 +50,39 @@ class ExpertWeights:
         """w_l: the bytes of one expert (gate, up and down)."""
         return (self.gate_up[0].numel() + self.down[0].numel()) * self.gate_up.element_size()
 
+    @property
+    def is_packed(self) -> bool:
+        return self.packed_gate_up is not None
+
+    def weights(self, e: int):
+        """(gate_up, down) of expert e, for `moespec.kernels.linear.linear`: packed if held so,
+        else views of the stacked tensors (no copy)."""
+        if self.packed_gate_up is not None:
+            return self.packed_gate_up[e], self.packed_down[e]
+        return self.gate_up[e], self.down[e]
+
+    def dense_weights(self, e: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """(gate_up, down) of expert e as ordinary tensors (copied out of a packed layout)."""
+        gate_up, down = self.weights(e)
+        return dense(gate_up), dense(down)
+
+    def pack(self) -> "ExpertWeights":
+        """Pack every expert for the CPU's fast path and drop the stacked copies (in place)."""
+        if self.is_packed or self.gate_up.device.type != "cpu":
+            return self
+        gate_up = [pack(self.gate_up[e]) for e in range(self.num_experts)]
+        down = [pack(self.down[e]) for e in range(self.num_experts)]
+        if not any(isinstance(w, PackedWeight) for w in gate_up + down):
+            return self  # nothing pays on this CPU for this dtype and shape
+        self.packed_gate_up, self.packed_down = gate_up, down
+        self.gate_up = torch.empty(self.gate_up.shape, dtype=self.dtype, device="meta")
+        self.down = torch.empty(self.down.shape, dtype=self.dtype, device="meta")
+        return self
+
     def to(self, dtype: torch.dtype) -> "ExpertWeights":
-        return ExpertWeights(self.gate_up.to(dtype), self.down.to(dtype))
+        """An unpacked copy in another dtype."""
+        pairs = [self.dense_weights(e) for e in range(self.num_experts)]
+        return ExpertWeights(
+            torch.stack([g for g, _ in pairs]).to(dtype),
+            torch.stack([d for _, d in pairs]).to(dtype),
+        )

@@ -17,9 +17,9 @@ def reference_experts(
     y = torch.zeros_like(x)
     for t in range(x.shape[0]):
         for s in range(expert_ids.shape[1]):
-            e = int(expert_ids[t, s])
-            gate = experts.gate_up[e, :inter] @ x[t]
-            up = experts.gate_up[e, inter:] @ x[t]
-            out = experts.down[e] @ (F.silu(gate) * up)
+            gate_up, down = experts.dense_weights(int(expert_ids[t, s]))
+            gate = gate_up[:inter] @ x[t]
+            up = gate_up[inter:] @ x[t]
+            out = down @ (F.silu(gate) * up)
             y[t] += (out.float() * expert_weights[t, s].float()).to(x.dtype)
     return y

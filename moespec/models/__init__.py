@@ -94,12 +94,14 @@ def _replace(config: ModelConfig, **changes) -> ModelConfig:
 
 
 def load_model(
-    path: str | Path, dtype: str | torch.dtype = torch.bfloat16
+    path: str | Path, dtype: str | torch.dtype = torch.bfloat16, *, pack: bool = True
 ) -> tuple[Transformer, Tokenizer]:
     """Load a checkpoint directory into a Transformer, with its tokenizer.
 
     Every tensor is checked (present, float, right shape) before the model exists; an error
-    names the file and the tensor.
+    names the file and the tensor. pack: re-lay the large weights out for the CPU's fastest
+    library path (moespec.kernels.linear); off for engines that copy experts by hand
+    (offloading) or compare against the library's default path.
     """
     path = Path(path)
     config = load_config(path)
@@ -107,6 +109,8 @@ def load_model(
     layout = ARCHITECTURES[config.model_type].LAYOUT
     tokenizer = Tokenizer(path / "tokenizer.json")
     model = _build(config, TensorReader(path), layout, dtype)
+    if pack:
+        model.pack()
     return model, tokenizer
 
 

@@ -10,6 +10,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from moespec.kernels.linear import linear
 from moespec.models.cache import KVCache
 from moespec.models.config import ModelConfig
 
@@ -72,7 +73,7 @@ def rotate_half(x: torch.Tensor) -> torch.Tensor:
 class Attention:
     """Grouped-query attention with a KV cache; q, k and v fused into one projection."""
 
-    qkv: torch.Tensor  # [(N + 2K) D, H]
+    qkv: torch.Tensor  # [(N + 2K) D, H] (or packed: moespec.kernels.linear)
     o: torch.Tensor  # [H, N D]
     qkv_bias: torch.Tensor | None
     o_bias: torch.Tensor | None
@@ -85,7 +86,7 @@ class Attention:
         c = self.config
         batch, tokens, _ = x.shape
         q_size, kv_size = c.num_heads * c.head_dim, c.num_kv_heads * c.head_dim
-        qkv = F.linear(x, self.qkv, self.qkv_bias)
+        qkv = linear(x, self.qkv, self.qkv_bias)
         q, k, v = qkv.split((q_size, kv_size, kv_size), dim=-1)
         if c.qk_norm == "projection":
             q, k = (
@@ -110,7 +111,7 @@ class Attention:
             q, keys, values, attn_mask=mask, enable_gqa=c.num_heads != c.num_kv_heads
         )
         out = out.transpose(1, 2).reshape(batch, tokens, q_size)
-        return F.linear(out, self.o, self.o_bias)
+        return linear(out, self.o, self.o_bias)
 
 
 def attention_mask(start: int, tokens: int, window: int | None) -> torch.Tensor | None:
@@ -133,6 +134,6 @@ class DenseMLP:
     down: torch.Tensor  # [H, I]
 
     def __call__(self, x: torch.Tensor, **_) -> torch.Tensor:
-        hidden = F.linear(x, self.gate_up)
+        hidden = linear(x, self.gate_up)
         inter = self.down.shape[1]
-        return F.linear(F.silu(hidden[..., :inter]) * hidden[..., inter:], self.down)
+        return linear(F.silu(hidden[..., :inter]) * hidden[..., inter:], self.down)

@@ -9,6 +9,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from moespec.kernels.linear import linear, pack
 from moespec.models.cache import KVCache
 from moespec.models.config import ModelConfig
 from moespec.models.layers import Attention, DenseMLP, Rotary, attention_mask, rms_norm
@@ -86,9 +87,23 @@ class Transformer:
         cache.advance(length)
         if not all_logits:
             h = h[:, -1:]
-        return F.linear(rms_norm(h, self.norm, eps), self.lm_head).float()
+        return linear(rms_norm(h, self.norm, eps), self.lm_head).float()
 
     __call__ = forward
+
+    def pack(self) -> "Transformer":
+        """Re-lay every large weight out for the CPU's fastest library path (in place; same
+        bytes, same results): attention, dense MLPs, the output head and every expert.
+        A head tied to the embeddings is packed as a copy (the lookup needs the table)."""
+        for layer in self.layers:
+            a = layer.attention
+            a.qkv, a.o = pack(a.qkv), pack(a.o)
+            if isinstance(layer.mlp, MoEBlock):
+                layer.mlp.experts.pack()
+            else:
+                layer.mlp.gate_up, layer.mlp.down = pack(layer.mlp.gate_up), pack(layer.mlp.down)
+        self.lm_head = pack(self.lm_head)
+        return self
 
     def parameter_bytes(self) -> dict[str, int]:
         """Bytes of the weights: all experts, and the dense bytes D every pass reads once

@@ -149,6 +149,11 @@ class OffloadEngine:
         blocks = model.moe_blocks
         if not blocks:
             raise ValueError(f"{model.config.name}: no MoE layer to offload")
+        if any(b.experts.is_packed for b in blocks.values()):
+            raise ValueError(
+                "offloading copies experts between tiers as ordinary tensors: "
+                "load the model with pack=False"
+            )
         top_k = next(iter(blocks.values())).top_k
         return cls(
             {i: b.experts for i, b in blocks.items()}, policy, budget_bytes, top_k=top_k, **options

@@ -252,12 +252,7 @@ class SlotPool:
         return self.slots - len(self._free)
 
     def take(self) -> int:
-        slot = self._free.pop()
-        # Kernels may keep a re-laid-out copy of an expert by index (ExpertWeights.packed):
-        # the slot now holds another expert, so such a copy is stale.
-        for packed in self.weights.packed.values():
-            packed.pop(slot, None)
-        return slot
+        return self._free.pop()
 
     def release(self, slot: int) -> None:
         self._free.append(slot)

@@ -1,0 +1,33 @@
+"""The shared body of the CPU expert kernels: products of row groups with their experts' weights.
+
+A kernel lays the pass's slots out as rows (each row a token's activation) in groups that share
+one expert; every group is two products (gate/up, then down) on that expert's weights, and
+everything else — gathering rows, SwiGLU, weighting, combining — runs once for the whole pass,
+so per-expert work is only the two products. The per-slot kernel makes one group per slot;
+the deduplicating kernel one group per distinct expert.
+"""
+
+import torch
+import torch.nn.functional as F
+
+from moespec.kernels.experts import ExpertWeights
+from moespec.kernels.linear import linear
+
+
+def grouped_products(
+    x: torch.Tensor, rows: torch.Tensor, groups: list[tuple[int, int, int]], experts: ExpertWeights
+) -> torch.Tensor:
+    """out[r] = down_e @ SwiGLU(gate_up_e @ x[rows[r]]) for each group (e, start, stop) of rows.
+
+    x: [T, H]; rows: [R] token of each row; returns [R, H].
+    """
+    inter = experts.intermediate_size
+    xs = x.index_select(0, rows)  # [R, H]
+    weights = [experts.weights(e) for e, _, _ in groups]
+    hidden = torch.cat(
+        [linear(xs[a:b], gate_up) for (_, a, b), (gate_up, _) in zip(groups, weights, strict=True)]
+    )  # [R, 2I]
+    act = F.silu(hidden[:, :inter]) * hidden[:, inter:]  # [R, I]
+    return torch.cat(
+        [linear(act[a:b], down) for (_, a, b), (_, down) in zip(groups, weights, strict=True)]
+    )  # [R, H]
