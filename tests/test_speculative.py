@@ -239,6 +239,24 @@ def test_auto_measures_step_times_online_and_interpolates():
     # tau(n) and h(k) extrapolated linearly: tau(1) = 1, tau(2) = 1.5; h(0) = 0, h(1) = 0.1.
     assert table[0] == pytest.approx(1.0) and table[1] == pytest.approx(1.6)
     assert table[4] == pytest.approx(3.0 + 0.4)
+    assert policy.choose() == 4  # then the longest draft, the other end
+    policy.observe(4, 4, 2, 9.0, 9.0)
+    policy.observe(4, 4, 2, 2.0, 0.4)
+    table = policy.step_times()  # now interpolated between the measured ends
+    assert table[4] == pytest.approx(2.0 + 0.4)
+    assert table[2] == pytest.approx(1.5 + 0.5 / 3 + 0.1 + 0.3 / 3)
+
+
+def test_auto_warm_up_gives_up_on_lengths_the_drafter_never_fills():
+    policy = DraftLengthPolicy("auto", max_draft_length=4, prior=(0.9e6, 0.1e6))
+    seen = []
+    for _ in range(16):
+        k = policy.choose()
+        seen.append(k)
+        drafted = min(k, 1)  # a drafter that never proposes more than one token
+        policy.observe(k, drafted, drafted, 1.0 + drafted, 0.0)
+    assert seen.count(4) <= 4  # tries k_max a bounded number of times
+    assert seen[-1] in (0, 1, 2)
 
 
 def test_auto_probes_the_neighbours_of_its_choice():

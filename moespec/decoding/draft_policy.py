@@ -11,6 +11,8 @@ from collections import defaultdict, deque
 
 from moespec.costmodel import best_draft_length
 
+WARM_UP_TRIES = 4  # steps spent at most on measuring each warm-up pass size
+
 
 class RunningMedians:
     """Median of the last `window` samples per key, with linear interpolation between keys.
@@ -110,6 +112,7 @@ class DraftLengthPolicy:
         self.plain_streak = 0
         self.since_probe = 0
         self.probes = 0
+        self.warm_tries = defaultdict(int)
 
     @property
     def acceptance_estimate(self) -> float:
@@ -144,9 +147,13 @@ class DraftLengthPolicy:
             return self.fixed
         if self.max_draft_length == 0:
             return 0
+        if self.plan_verify_times is None and self.given_step_times is None:
+            warm = self._warm_up()
+            if warm is not None:
+                return warm
         table = self.step_times()
-        if table is None:  # warm-up: measure a plain step, then one draft; then extrapolate
-            return 0 if 1 not in self.verify_times.known() else 1
+        if table is None:
+            return 0
         if self.plain_streak >= self.probe_interval:
             return 1
         best = best_draft_length(table, min(self.acceptance_estimate, 0.999))
@@ -157,6 +164,16 @@ class DraftLengthPolicy:
             neighbour = best - 1 if self.probes % 2 else best + 1
             return min(max(neighbour, 0), self.max_draft_length)
         return best
+
+    def _warm_up(self) -> int | None:
+        """Measure both ends and one draft before trusting interpolation: pass sizes 1, 2 and
+        k_max + 1 (a few tries each: a drafter may propose fewer tokens than asked)."""
+        known = self.verify_times.known()
+        for k in dict.fromkeys((0, 1, self.max_draft_length)):
+            if k + 1 not in known and self.warm_tries[k] < WARM_UP_TRIES:
+                self.warm_tries[k] += 1
+                return k
+        return None
 
     def observe(
         self,
