@@ -62,6 +62,14 @@ def test_static_placement_computes_the_cold_expert_on_the_cpu():
     assert (result.bytes_moved, result.cpu_experts, result.preload_bytes) == (0, 3, 10**6)
 
 
+def test_previous_pass_forecast_is_scored_beside_the_policy():
+    # Plain decoding of experts 0, 0, 1, 1 of 4: the previous pass's forecast is right about
+    # 3, 4, 2 and 4 of the 4 experts (nothing is active before the first pass).
+    result = run("lru", one_layer_trace([0, 0, 1, 1]), cache_ratio=0.25, draft_length=0, tokens=4)
+    assert result.previous_pass_accuracy == pytest.approx(13 / 16)
+    assert result.to_dict()["previous_pass_hot_cold_accuracy"] == pytest.approx(13 / 16)
+
+
 def test_rejected_drafts_still_cost_the_draft_and_a_verified_pass():
     # k = 2 at acceptance 0: each step drafts 2 tokens (0.1 ms each: 1 MB of draft at 10 GB/s)
     # and verifies 3 tokens of expert 0 on the CPU (1 ms, read once), but emits one token.

@@ -7,7 +7,8 @@ hybrid-ar; SpAc ablations as spac-no-estimator, spac-fixed-bounds, spac-static-t
 spac-no-prefetch, spac-no-evict, spac-no-sd, spac-literal-delta), with speculative steps of
 --draft-length k at geometric --acceptance a, under one cache budget (--cache-ratio of all
 expert bytes), on a hardware profile (rtx4090-pcie4, a100-pcie4, this-machine, or a JSON file).
-Prints tokens/s, latency per token, cache hit rate, hot/cold accuracy, frequency sMAPE and
+Prints tokens/s, latency per token, cache hit rate, hot/cold accuracy (beside that of the
+forecast "active in the previous pass"), frequency sMAPE and
 bytes moved per policy. --report DIR also runs the Table 1 / Table 2 / Figure 5 analogues
 (and a draft-length sweep) and writes them as Markdown, PNG and JSON.
 """
@@ -205,14 +206,18 @@ def format_results(results: dict, workload: str, profile: str, settings: dict) -
     lines = [
         f"workload {workload} on {profile}: cache ratio {settings['cache_ratio']}, draft length "
         f"{settings['draft_length']}, acceptance {settings['acceptance']}",
-        f"{'policy':<20} {'tok/s':>8} {'ms/tok':>8} {'hit':>6} {'acc':>6} {'sMAPE':>6} "
-        f"{'GB moved':>9} {'CPU exp.':>9}",
+        f"{'policy':<20} {'tok/s':>8} {'ms/tok':>8} {'hit':>6} {'acc':>6} {'acc0':>6} "
+        f"{'sMAPE':>6} {'GB moved':>9} {'CPU exp.':>9}",
     ]
     for name, r in results.items():
-        acc = r["hot_cold_accuracy"]
+        acc, acc0 = r["hot_cold_accuracy"], r["previous_pass_hot_cold_accuracy"]
         lines.append(
             f"{name:<20} {r['tokens_per_second']:>8.2f} {r['latency_per_token_ms']:>8.1f} "
-            f"{r['hit_rate']:>6.3f} {'–' if acc is None else f'{acc:.3f}':>6} "
+            f"{r['hit_rate']:>6.3f} {'–' if acc is None else f'{acc:.3f}':>6} {acc0:>6.3f} "
             f"{r['frequency_smape']:>6.3f} {r['bytes_moved'] / 1e9:>9.2f} {r['cpu_experts']:>9}"
         )
+    lines.append(
+        "acc: the policy's hot/cold forecast (tau = 1); acc0: the forecast 'hot = active in the "
+        "previous pass' on the same passes"
+    )
     return "\n".join(lines)

@@ -90,6 +90,7 @@ class SimulationResult:
     budget_bytes: int
     accuracy: float | None
     smape: float | None
+    previous_pass_accuracy: float | None  # the forecast "hot = active in the previous pass"
     policy_stats: dict = field(default_factory=dict)
     log: dict | None = None
 
@@ -113,6 +114,7 @@ class SimulationResult:
             "hit_rate": self.hit_rate,
             "bytes_moved": self.bytes_moved,
             "hot_cold_accuracy": self.accuracy,
+            "previous_pass_hot_cold_accuracy": self.previous_pass_accuracy,
             "frequency_smape": self.smape,
             "tokens": self.tokens,
             "steps": self.steps,
@@ -240,6 +242,9 @@ class _Run:
         self.preload_bytes = self.cache.used_bytes
         self.rng = np.random.default_rng(s.seed)
         self.accuracy = AccuracyMeter(trace.num_layers)
+        # What a forecast must beat: "hot = active in the previous pass", on the same passes.
+        self.previous_pass = AccuracyMeter(trace.num_layers)
+        self.active = np.zeros((trace.num_layers, trace.num_experts), dtype=bool)  # [L, N]
         self.smape = SmapeMeter()
         self.pos, self.time, self.emitted, self.steps = s.fit_tokens, 0.0, 0, 0
         self.hits = self.needed = self.fetches = self.cpu_experts = self.fallback = 0
@@ -281,6 +286,8 @@ class _Run:
         hot = policy.predicted_hot(layer)
         if hot is not None:
             self.accuracy.update(layer, hot, row)
+        self.previous_pass.update(layer, self.active[layer], row)
+        self.active[layer] = row > 0
         self.hits += int(cache.ready(layer, experts, now).sum())
         self.needed += len(experts)
         plan = policy.plan_layer(layer, experts, counts, now)
@@ -376,6 +383,7 @@ class _Run:
             budget_bytes=self.cache.budget_bytes,
             accuracy=self.accuracy.value(),
             smape=self.smape.value(),
+            previous_pass_accuracy=self.previous_pass.value(),
             policy_stats=self.policy.stats(),
             log=self.log,
         )
