@@ -213,7 +213,7 @@ def format_results(results: dict, workload: str, profile: str, settings: dict) -
         acc, acc0 = r["hot_cold_accuracy"], r["previous_pass_hot_cold_accuracy"]
         lines.append(
             f"{name:<20} {r['tokens_per_second']:>8.2f} {r['latency_per_token_ms']:>8.1f} "
-            f"{r['hit_rate']:>6.3f} {'–' if acc is None else f'{acc:.3f}':>6} {acc0:>6.3f} "
+            f"{r['hit_rate']:>6.3f} {_fmt(acc):>6} {_fmt(acc0):>6} "
             f"{r['frequency_smape']:>6.3f} {r['bytes_moved'] / 1e9:>9.2f} {r['cpu_experts']:>9}"
         )
     lines.append(
@@ -221,3 +221,7 @@ def format_results(results: dict, workload: str, profile: str, settings: dict) -
         "previous pass' on the same passes"
     )
     return "\n".join(lines)
+
+
+def _fmt(value: float | None) -> str:
+    return "–" if value is None else f"{value:.3f}"
