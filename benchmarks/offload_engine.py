@@ -179,7 +179,7 @@ class CheckpointBench(Bench):
         records = generate(self.model, self.prompt, max_tokens=args.tokens + 1, kernels=kernels)
         self.reference = [t for r in records for t in r.tokens]
         self.trace = routing_trace(self.model, self.prompt + self.reference)
-        self.fit = cut_trace(self.trace, len(self.prompt))
+        self.fit = self.trace.first_tokens(len(self.prompt))
         self.profile = this_machine(self.model)
         dense = self.model.parameter_bytes()["dense"] / self.trace.num_layers
         self.sim_settings = dict(
@@ -274,17 +274,6 @@ def routing_trace(model, tokens: list[int]) -> RoutingTrace:
     )
 
 
-def cut_trace(trace: RoutingTrace, tokens: int) -> RoutingTrace:
-    return RoutingTrace(
-        trace.expert_ids[:tokens],
-        [0, tokens],
-        ["fit"],
-        trace.num_experts,
-        list(trace.expert_bytes),
-        list(trace.layer_indices),
-    )
-
-
 def this_machine(model):
     from moespec.offload.hardware import measure_this_machine
 
@@ -324,7 +313,7 @@ class ExpertBench(Bench):
             layer_indices=list(range(layers)),
             seed=args.seed,
         )
-        self.fit = cut_trace(self.trace, args.fit_tokens)
+        self.fit = self.trace.first_tokens(args.fit_tokens)
         self.profile = expert_profile(self.experts[0], args.device)
         self.hidden, self.dtype = hidden, dtype
         # In memory: every expert on the device (for a CUDA run, they must fit there).

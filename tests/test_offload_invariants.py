@@ -50,17 +50,6 @@ def markov_trace(tokens, layers, experts, top_k, stay, seed, docs=1, expert_byte
     )
 
 
-def fit_split(trace, tokens):
-    return RoutingTrace(
-        trace.expert_ids[:tokens],
-        [0, tokens],
-        ["fit"],
-        trace.num_experts,
-        trace.expert_bytes,
-        trace.layer_indices,
-    )
-
-
 @st.composite
 def scenarios(draw):
     layers, experts = draw(st.integers(1, 3)), draw(st.integers(3, 10))
@@ -88,7 +77,7 @@ def scenarios(draw):
 
 
 def run_logged(name, trace, run):
-    policy = make_policy(name).fit(fit_split(trace, run.fit_tokens))
+    policy = make_policy(name).fit(trace.first_tokens(run.fit_tokens))
     return simulate(trace, policy, get_profile("rtx4090-pcie4"), run)
 
 

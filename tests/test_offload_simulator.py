@@ -28,22 +28,11 @@ def one_layer_trace(experts_by_token, num_experts=4):
     return RoutingTrace(ids, [0, len(ids)], ["doc"], num_experts, [10**6], [0])
 
 
-def fit_split(trace, tokens):
-    return RoutingTrace(
-        trace.expert_ids[:tokens],
-        [0, tokens],
-        ["fit"],
-        trace.num_experts,
-        trace.expert_bytes,
-        trace.layer_indices,
-    )
-
-
 def run(name, trace, **settings):
     run_settings = SimulationSettings(draft_bytes_ratio=0.0, **settings)
     policy = make_policy(name)
     if run_settings.fit_tokens:
-        policy.fit(fit_split(trace, run_settings.fit_tokens))
+        policy.fit(trace.first_tokens(run_settings.fit_tokens))
     return simulate(trace, policy, ROUND, run_settings)
 
 

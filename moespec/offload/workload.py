@@ -24,16 +24,7 @@ class Workload:
 
     def fit_trace(self) -> RoutingTrace:
         """The fit split as a trace of its own (for `policy.fit`)."""
-        t = self.trace
-        return RoutingTrace(
-            expert_ids=t.expert_ids[: self.fit_tokens],
-            doc_starts=[0, self.fit_tokens],
-            doc_names=["fit"],
-            num_experts=t.num_experts,
-            expert_bytes=list(t.expert_bytes),
-            layer_indices=list(t.layer_indices),
-            model=t.model,
-        )
+        return self.trace.first_tokens(self.fit_tokens)
 
 
 def synthetic_workload(

@@ -69,6 +69,21 @@ class RoutingTrace:
         for d, name in enumerate(self.doc_names):
             yield name, self.expert_ids[self.doc_starts[d] : self.doc_starts[d + 1]]
 
+    def first_tokens(self, tokens: int, name: str = "fit") -> "RoutingTrace":
+        """The first `tokens` tokens as a trace of one document (a fit split)."""
+        weights = self.gate_weights
+        return RoutingTrace(
+            expert_ids=self.expert_ids[:tokens],
+            doc_starts=[0, tokens],
+            doc_names=[name],
+            num_experts=self.num_experts,
+            expert_bytes=list(self.expert_bytes),
+            layer_indices=list(self.layer_indices),
+            model=self.model,
+            dtype=self.dtype,
+            gate_weights=None if weights is None else weights[:tokens],
+        )
+
     def select_documents(self, names) -> "RoutingTrace":
         """A trace of the named documents only, in the given order."""
         index = {name: d for d, name in enumerate(self.doc_names)}
