@@ -109,6 +109,8 @@ def test_bad_draft_specs_exit_2(checkpoint_dir, capsys):
         ("oracle:x", "oracle:A"),
         ("oracle:1.5", "in [0, 1]"),
         ("/nowhere", "neither a checkpoint directory"),
+        ("auto:/nowhere", "neither a checkpoint directory"),
+        ("autox", "neither a checkpoint directory"),
     ]:
         assert main(["generate", "--model", str(directory), "w1", "--draft", spec]) == 2
         assert message in capsys.readouterr().err

@@ -7,7 +7,12 @@ or "auto": per-slot below the crossover pass size (from --crossover or --plan), 
 kernel measured faster at each pass size as decoding goes. With --draft, each step drafts k
 tokens and verifies them in one pass of k + 1: --draft-length K fixes k; "auto" takes k*(a)
 from the cost model, with the acceptance a estimated online and the step times V(k) measured
-online (or read from --plan). Temperature 0 is greedy.
+online (or read from --plan). --draft auto (the default on the demo model) chooses per step
+among the draft model, prompt lookup and no draft, each drafter with its own acceptance and
+draft cost; a step without a draft is a plain step. Temperature 0 is greedy.
+
+--compare-plain decodes without speculation too, in --rounds paired rounds of alternating
+order after an equal warm-up, and reports the median of the rounds' speedups with its range.
 
 With --offload POLICY (spac, lru, static, hybrid, spac-ar, ...) the target's experts live in
 host memory and an expert cache of --expert-cache-ratio R of their bytes (or
@@ -33,9 +38,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max-tokens", type=int, default=128, metavar="N")
     parser.add_argument(
         "--draft",
-        metavar="DIR|oracle:A|lookup",
-        help="draft: a checkpoint sharing the tokenizer, the oracle at acceptance A, prompt "
-        "lookup, or none (default: the demo draft with the demo model, else none)",
+        metavar="auto|auto:DIR|DIR|lookup|oracle:A|none",
+        help="draft: auto chooses per step among prompt lookup, the draft model DIR of "
+        "auto:DIR, and none; or one drafter: a checkpoint sharing the tokenizer, prompt "
+        "lookup, the oracle at acceptance A; or none (default: auto with the demo draft for "
+        "the demo model, else none)",
     )
     parser.add_argument(
         "--draft-length",
@@ -53,7 +60,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--compare-plain",
         action="store_true",
-        help="also decode without speculation and report the speedup",
+        help="also decode without speculation, in paired rounds of alternating order, and "
+        "report the median speedup with its range",
+    )
+    parser.add_argument(
+        "--rounds",
+        type=int,
+        default=3,
+        metavar="N",
+        help="paired rounds of --compare-plain (default 3)",
     )
     parser.add_argument(
         "--kernel",
@@ -123,12 +138,15 @@ def run(args: argparse.Namespace) -> int:
     import torch
 
     from moespec.decoding import KernelPolicy, Sampler, generate, summarize
-    from moespec.decoding.setup import build_drafter
+    from moespec.decoding.compare import compare_plain
+    from moespec.decoding.setup import greedy_reference, speculation_factory
     from moespec.demo import describe
     from moespec.models import StreamingDetokenizer, load_model
 
     if args.max_tokens < 1:
         raise ValueError(f"--max-tokens must be >= 1, got {args.max_tokens}")
+    if args.rounds < 1:
+        raise ValueError(f"--rounds must be >= 1, got {args.rounds}")
     draft_length = parse_draft_length(args.draft_length)
     KernelPolicy(args.kernel, args.crossover)  # bad flags fail before the model loads
     check_offload_flags(args)
@@ -139,7 +157,7 @@ def run(args: argparse.Namespace) -> int:
 
         args.model, demo_draft = map(str, demo_paths())
         if args.draft is None:
-            args.draft = demo_draft
+            args.draft = f"auto:{demo_draft}"
     if args.draft == "none":
         args.draft = None
     model, tokenizer = load_model(args.model, dtype=args.dtype, pack=args.offload is None)
@@ -151,38 +169,22 @@ def run(args: argparse.Namespace) -> int:
     crossover = args.crossover
     if crossover is None and plan is not None:
         crossover = plan["kernel"]["crossover"]
-    kernels = KernelPolicy(args.kernel, crossover)
     prompt = tokenizer.encode(args.prompt)
     if not prompt:
         raise ValueError("the prompt encodes to no tokens")
     stops = model.config.eos_token_ids
 
-    plain = None
-    if args.compare_plain or (args.draft or "").startswith("oracle"):
-        list(generate(model, prompt, max_tokens=2, kernels=kernels))  # warm-up, untimed
-        # Compared with speculation, plain decoding offloads too (a fresh cache); as the
-        # oracle's reference only, it runs in memory.
-        plain_offload = (
-            open_offload(args, model, False, 0, note=False) if args.compare_plain else None
-        )
-        plain = list(
-            generate(
-                model,
-                prompt,
-                max_tokens=args.max_tokens,
-                sampler=Sampler(args.temperature, args.top_p, args.seed),
-                kernels=kernels,
-                stop_tokens=stops,
-                offload=plain_offload,
-            )
-        )
-        if plain_offload is not None:
-            plain_offload.close()
-    drafter = policy = None
+    make_speculation = None
     if args.draft:
-        reference = [t for r in plain for t in r.tokens] if plain and sampler.greedy else None
-        drafter = build_drafter(
+        reference = None
+        if args.draft.startswith("oracle") and sampler.greedy:  # in memory, untimed
+            kernels = KernelPolicy(args.kernel, crossover)
+            reference = greedy_reference(model, prompt, args.max_tokens, kernels, stops)
+        make_speculation = speculation_factory(
             args.draft,
+            draft_length=draft_length,
+            max_draft_length=args.max_draft_length,
+            plan=plan,
             target=model,
             tokenizer=tokenizer,
             sampler=sampler,
@@ -192,38 +194,61 @@ def run(args: argparse.Namespace) -> int:
             reference=reference,
             seed=args.seed,
         )
-        policy = make_policy(draft_length, args.max_draft_length, plan, args.draft)
+    notes = {"offload": True}
+    offload_runs = {True: [], False: []}  # each generation's offload summary, by arm
 
-    offload = open_offload(args, model, drafter is not None, draft_length)
+    def arm(speculative: bool):
+        """One fresh generation per call: sampler, kernel policy, drafters, offload cache."""
+
+        def decode(max_tokens: int):
+            note = notes.pop("offload", False)
+            offload = open_offload(args, model, speculative, draft_length, note=note)
+            try:
+                yield from generate(
+                    model,
+                    prompt,
+                    max_tokens=max_tokens,
+                    sampler=Sampler(args.temperature, args.top_p, args.seed),
+                    kernels=KernelPolicy(args.kernel, crossover),
+                    drafter=make_speculation() if speculative else None,
+                    stop_tokens=stops,
+                    offload=offload,
+                )
+            finally:
+                if offload is not None:
+                    offload_runs[speculative].append(offload.summary())
+                    offload.close()
+
+        return decode
+
     stream = StreamingDetokenizer(tokenizer)
-    records = []
-    for record in generate(
-        model,
-        prompt,
-        max_tokens=args.max_tokens,
-        sampler=sampler,
-        kernels=kernels,
-        drafter=drafter,
-        draft_policy=policy,
-        stop_tokens=stops,
-        offload=offload,
-    ):
-        records.append(record)
+
+    def show(record) -> None:
         piece = stream.add(record.tokens)
         if not args.json:
             print(piece, end="", flush=True)
-    if offload is not None:
-        offload.close()
+
+    comparison = None
+    speculative = make_speculation is not None
+    if args.compare_plain:
+        comparison, records = compare_plain(
+            arm(speculative), arm(False), args.max_tokens, rounds=args.rounds, on_speculative=show
+        )
+    else:
+        records = []
+        for record in arm(speculative)(args.max_tokens):
+            records.append(record)
+            show(record)
     tokens = [t for r in records for t in r.tokens]
     summary = summarize(records)
-    if offload is not None:
-        summary["offload"] = offload.summary()
-    if plain is not None and args.compare_plain:
-        plain_summary = summarize(plain)
-        summary["plain_tokens_per_second"] = plain_summary["tokens_per_second"]
-        if summary["tokens_per_second"] and plain_summary["tokens_per_second"]:
-            summary["speedup"] = summary["tokens_per_second"] / plain_summary["tokens_per_second"]
-        summary["same_tokens_as_plain"] = tokens == [t for r in plain for t in r.tokens]
+    if offload_runs[speculative]:  # the shown run's: after the warm-up when comparing
+        summary["offload"] = offload_runs[speculative][1 if comparison else 0]
+    if comparison is not None:
+        compared = comparison.to_dict()
+        summary["speedup"] = compared.pop("speedup")
+        summary["plain_tokens_per_second"] = compared["plain_tokens_per_second"]
+        summary["same_tokens_as_plain"] = compared["same_tokens_as_plain"]
+        summary["compare"] = compared
     if args.json:
         print(
             json.dumps(
@@ -241,8 +266,8 @@ def run(args: argparse.Namespace) -> int:
         )
     else:
         print(stream.flush())
-        print(format_summary(summary, len(tokens), len(prompt), bool(args.draft)), file=sys.stderr)
-        if offload is not None:
+        print(format_summary(summary, len(tokens), len(prompt), speculative), file=sys.stderr)
+        if summary.get("offload"):
             print(format_offload(summary["offload"]), file=sys.stderr)
     return 0
 
@@ -318,41 +343,19 @@ def format_offload(s: dict) -> str:
     )
 
 
-def make_policy(draft_length, max_draft_length, plan, draft_spec):
-    """The draft-length policy: V(k) from the plan's verify times (and its draft's h(k) when
-    the plan measured this very draft), else measured online."""
-    from moespec.decoding import DraftLengthPolicy
-
-    if plan is None:
-        return DraftLengthPolicy(draft_length, max_draft_length=max_draft_length)
-    from pathlib import Path
-
-    from moespec.demo import describe
-
-    planned = plan.get("draft_dir")
-    same_draft = (
-        planned is not None
-        and draft_spec is not None
-        and (
-            describe(draft_spec) == planned or Path(draft_spec).resolve() == Path(planned).resolve()
-        )
-    )
-    return DraftLengthPolicy(
-        draft_length,
-        max_draft_length=max_draft_length,
-        verify_times=plan["verify_time"],
-        draft_times=plan["draft_time"] if same_draft else None,
-    )
-
-
 def format_summary(summary: dict, generated: int, prompt: int, speculative: bool) -> str:
     rate = summary["tokens_per_second"]
     parts = [f"{generated} tokens", f"{rate:.1f} tokens/s" if rate else "n/a tokens/s"]
     if speculative and summary["mean_accepted_per_step"] is not None:
         parts.append(f"{summary['mean_accepted_per_step']:.2f} accepted drafts/step")
-    if "speedup" in summary:
+    if "compare" in summary:
+        c = summary["compare"]
+        low, high = c["speedup_range"]
         parts.append(
-            f"{summary['speedup']:.2f}x plain ({summary['plain_tokens_per_second']:.1f} tokens/s)"
+            f"{summary['speedup']:.2f}x plain (median of {len(c['rounds'])} paired rounds, "
+            f"{low:.2f}-{high:.2f}; plain {c['plain_tokens_per_second']:.1f} tokens/s"
+            + ("" if c["same_tokens_as_plain"] else "; tokens differ from plain")
+            + ")"
         )
     parts.append(f"prompt {prompt} tokens in {summary['prefill_seconds']:.2f} s")
     return "[" + ", ".join(parts) + "]"

@@ -1,47 +1,64 @@
 """How many tokens to draft: a fixed K, or k*(a_hat) from the cost model on measured step times.
 
 auto: the acceptance a_hat is a running estimate of the geometric rate (a Beta prior, updated
-per drafted position with exponential forgetting), and the step times V(k) = tau(k+1) + h(k)
-come from a plan file or are measured online per pass size (running medians, linear
+per observed draft position with exponential forgetting), and the step times V(k) = tau(k+1) +
+h(k) come from a plan file or are measured online per pass size (running medians, linear
 interpolation between measured pass sizes). k = best_draft_length(V, a_hat), seed 000 §3.3.
+
+Speculation must not lose where it does not pay, so exploring costs a bounded budget: without a
+plan only pass sizes 1 (plain steps, free) and 2 are measured before deciding, the far end
+k_max + 1 only once drafting has paid on its own; and while k* = 0 a probe (one draft, or a
+cheaper piece of evidence, see `moespec.decoding.speculation`) comes after `probe_interval`
+plain steps, the gap doubling after every probe that leaves k* at 0.
 """
 
 import statistics
 from collections import defaultdict, deque
+from typing import NamedTuple
 
-from moespec.costmodel import best_draft_length
+from moespec.costmodel import best_draft_length, expected_tokens
 
 WARM_UP_TRIES = 4  # steps spent at most on measuring each warm-up pass size
+STEADY_FEED = 2  # a draft pass feeding more tokens than this was catching up (not h(k))
 
 
 class RunningMedians:
     """Median of the last `window` samples per key, with linear interpolation between keys.
 
     The first sample of each key is dropped: a pass of a new size pays one-time costs (library
-    kernels compiled for the shape) that would otherwise stand for its step time.
+    kernels compiled for the shape) that would otherwise stand for its step time. `version`
+    grows whenever a median may have changed, so readers can cache what they derive.
     """
 
     def __init__(self, window: int = 16):
         self.samples = defaultdict(lambda: deque(maxlen=window))
         self.seen: set[int] = set()
+        self.medians: dict[int, float] = {}
+        self.version = 0
 
     def add(self, key: int, value: float) -> None:
         if key not in self.seen:
             self.seen.add(key)
             return
-        self.samples[key].append(value)
+        samples = self.samples[key]
+        samples.append(value)
+        median = statistics.median(samples)
+        if self.medians.get(key) != median:
+            self.medians = dict(sorted({**self.medians, key: median}.items()))
+            self.version += 1
 
     def known(self) -> dict[int, float]:
-        return {k: statistics.median(v) for k, v in sorted(self.samples.items())}
+        """{key: median} for every key with a counted sample (do not modify)."""
+        return self.medians
 
     def estimate(self, key: int, anchor: tuple[int, float] | None = None) -> float | None:
         """The median at `key`, else interpolated (or extrapolated) linearly from known keys.
 
         anchor: an extra known point (e.g. h(0) = 0) used only for interpolation.
         """
-        points = self.known()
-        if anchor is not None:
-            points.setdefault(anchor[0], anchor[1])
+        points = self.medians
+        if anchor is not None and anchor[0] not in points:
+            points = {**points, anchor[0]: anchor[1]}
         if key in points:
             return points[key]
         keys = sorted(points)
@@ -59,6 +76,18 @@ class RunningMedians:
         return max(points[lo] + slope * (key - lo), 0.0)
 
 
+class Plan(NamedTuple):
+    """A policy's decision for the next step: draft `draft_length` tokens, expecting
+    `throughput` tokens per second (T_a(k) = G_a(k)/V(k); None while V is unknown).
+    probe: why the step is bought for measurement rather than because it pays: "warm-up"
+    (a pass size not yet measured), "probe" (drafting again while k* = 0) or "neighbour"
+    (k* - 1 or k* + 1); None for k* itself."""
+
+    draft_length: int
+    throughput: float | None
+    probe: str | None = None
+
+
 class DraftLengthPolicy:
     """`choose()` the next draft length; `observe(...)` each step's outcome.
 
@@ -68,10 +97,13 @@ class DraftLengthPolicy:
     (falling back to `draft_times` from the plan until a draft length has been measured).
     Neither: both measured online.
     prior: (accepted, rejected) pseudo-counts of the Beta prior on the acceptance.
-    forgetting: weight kept by past observations per step (1.0 = never forget).
-    probe_interval: under auto, every this many steps run a neighbour of k* (k* - 1, then
-    k* + 1) once, so the step times around the optimum stay measured; and after this many
-    steps at k = 0, draft one token, so the acceptance estimate can recover.
+    forgetting: weight kept by past observations per observed draft position (1.0 = never).
+    probe_interval: under auto, every this many steps at k* >= 1 run a neighbour of k* (k* - 1,
+    then k* + 1) once, so the step times around the optimum stay measured; and after this many
+    steps at k* = 0, probe (draft one token), the gap doubling up to max_probe_interval after
+    each probe that leaves k* at 0, back to probe_interval once drafting pays.
+    measured_verify: running medians of tau(n) shared with other drafters' policies (the
+    target's pass time does not depend on who drafted); a new one when None.
     """
 
     def __init__(
@@ -85,7 +117,9 @@ class DraftLengthPolicy:
         prior: tuple[float, float] = (2.0, 2.0),
         forgetting: float = 0.98,
         probe_interval: int = 16,
+        max_probe_interval: int = 256,
         window: int = 16,
+        measured_verify: RunningMedians | None = None,
     ):
         if draft_length != "auto" and (not isinstance(draft_length, int) or draft_length < 0):
             raise ValueError(
@@ -93,6 +127,11 @@ class DraftLengthPolicy:
             )
         if max_draft_length < 0:
             raise ValueError(f"max draft length must be >= 0, got {max_draft_length}")
+        if not 1 <= probe_interval <= max_probe_interval:
+            raise ValueError(
+                f"need 1 <= probe_interval <= max_probe_interval, got {probe_interval}, "
+                f"{max_probe_interval}"
+            )
         for name, table in (("step times", step_times), ("verify times", verify_times)):
             if table is not None:
                 if len(table) < 1 or any(not v > 0 for v in table):
@@ -106,13 +145,17 @@ class DraftLengthPolicy:
         self.accepted, self.rejected = prior
         self.forgetting = forgetting
         self.probe_interval = probe_interval
-        self.verify_times = RunningMedians(window)  # by pass size n
+        self.max_probe_interval = max_probe_interval
+        self.verify_times = measured_verify or RunningMedians(window)  # by pass size n
         self.draft_times = RunningMedians(window)  # by draft length k
         self.steps = 0
-        self.plain_streak = 0
+        self.idle_streak = 0  # steps since this drafter last drafted or gave evidence
+        self.probe_gap = probe_interval
         self.since_probe = 0
         self.probes = 0
+        self.has_paid = False  # k* >= 1 chosen on the evidence, not as a probe
         self.warm_tries = defaultdict(int)
+        self._table_key = self._table = None
 
     @property
     def acceptance_estimate(self) -> float:
@@ -121,16 +164,22 @@ class DraftLengthPolicy:
 
     def step_times(self) -> list[float] | None:
         """V(0..k_max): given, or tau from the plan and h measured, or both measured (None
-        until two pass sizes are measured)."""
+        until two pass sizes are measured). Cached until a median changes."""
         if self.given_step_times is not None:
             return list(self.given_step_times[: self.max_draft_length + 1])
+        key = (self.verify_times.version, self.draft_times.version)
+        if key != self._table_key:
+            self._table_key, self._table = key, self._build_table()
+        return self._table
+
+    def _build_table(self) -> list[float] | None:
         table = []
+        measured = self.draft_times.known()
         for k in range(self.max_draft_length + 1):
             if self.plan_verify_times is not None:
                 verify = self.plan_verify_times[k]
             else:
                 verify = self.verify_times.estimate(k + 1)
-            measured = self.draft_times.known()
             if k in measured:
                 draft = measured[k]
             elif self.plan_draft_times is not None and k < len(self.plan_draft_times):
@@ -142,36 +191,68 @@ class DraftLengthPolicy:
             table.append(max(verify + draft, 1e-9))
         return table
 
-    def choose(self) -> int:
-        if self.fixed is not None:
-            return self.fixed
-        if self.max_draft_length == 0:
-            return 0
-        if self.plan_verify_times is None and self.given_step_times is None:
-            warm = self._warm_up()
-            if warm is not None:
-                return warm
+    def plan(self, limit: int | None = None) -> Plan:
+        """The next step's draft length (at most `limit`) and the throughput T_a(k*) that
+        the choice among drafters compares; `choose()` is this plus `commit`."""
+        k_max = self.max_draft_length if limit is None else min(self.max_draft_length, limit)
         table = self.step_times()
+        if self.fixed is not None:
+            k = min(self.fixed, k_max) if limit is not None else self.fixed
+            return Plan(k, self._throughput(table, k))
+        if k_max == 0:
+            return Plan(0, self._throughput(table, 0))
+        if self.plan_verify_times is None and self.given_step_times is None:
+            warm = self._warm_up(k_max)
+            if warm is not None:
+                return Plan(warm, self._throughput(table, warm), "warm-up")
         if table is None:
-            return 0
-        if self.plain_streak >= self.probe_interval:
-            return 1
+            return Plan(0, None)
+        table = table[: k_max + 1]
         best = best_draft_length(table, min(self.acceptance_estimate, 0.999))
-        self.since_probe += 1
-        if self.since_probe >= self.probe_interval:
+        value = self._throughput(table, best)
+        if best == 0:
+            if self.idle_streak >= self.probe_gap:
+                return Plan(1, value, "probe")
+            return Plan(0, value)
+        if self.since_probe + 1 >= self.probe_interval:
+            neighbour = best - 1 if self.probes % 2 == 0 else best + 1
+            return Plan(min(max(neighbour, 0), k_max), value, "neighbour")
+        return Plan(best, value)
+
+    def choose(self, limit: int | None = None) -> int:
+        """plan(limit).draft_length, counting the probe it may be."""
+        plan = self.plan(limit)
+        self.commit(plan)
+        return plan.draft_length
+
+    def commit(self, plan: Plan) -> None:
+        """Count a plan that will run: probes move the probe schedule."""
+        if self.fixed is not None:
+            return
+        if plan.probe == "warm-up":
+            self.warm_tries[plan.draft_length] += 1
+        elif plan.probe == "probe":  # out of k* = 0: the next one waits twice as long
+            self.idle_streak = 0
+            self.probe_gap = min(2 * self.probe_gap, self.max_probe_interval)
+        elif plan.probe == "neighbour":
             self.since_probe = 0
             self.probes += 1
-            neighbour = best - 1 if self.probes % 2 else best + 1
-            return min(max(neighbour, 0), self.max_draft_length)
-        return best
+        elif plan.probe is None and plan.draft_length > 0:  # drafting pays on the evidence
+            self.since_probe += 1
+            self.has_paid, self.probe_gap = True, self.probe_interval
 
-    def _warm_up(self) -> int | None:
-        """Measure both ends and one draft before trusting interpolation: pass sizes 1, 2 and
-        k_max + 1 (a few tries each: a drafter may propose fewer tokens than asked)."""
+    def _throughput(self, table, k: int) -> float | None:
+        if table is None or k >= len(table):
+            return None
+        return float(expected_tokens(min(self.acceptance_estimate, 0.999), k)) / table[k]
+
+    def _warm_up(self, k_max: int) -> int | None:
+        """Pass sizes measured before trusting interpolation, a few tries each (a drafter may
+        propose fewer tokens than asked): 1 and 2 first; k_max + 1 once drafting has paid."""
         known = self.verify_times.known()
-        for k in dict.fromkeys((0, 1, self.max_draft_length)):
+        ends = (0, 1, k_max) if self.has_paid else (0, 1)
+        for k in dict.fromkeys(ends):
             if k + 1 not in known and self.warm_tries[k] < WARM_UP_TRIES:
-                self.warm_tries[k] += 1
                 return k
         return None
 
@@ -182,14 +263,40 @@ class DraftLengthPolicy:
         accepted: int,
         verify_seconds: float,
         draft_seconds: float,
+        *,
+        catch_up: int = 0,
     ) -> None:
-        """Record a step: `drafted` tokens proposed (<= draft_length), `accepted` of them."""
-        self.steps += 1
-        self.plain_streak = self.plain_streak + 1 if drafted == 0 else 0
+        """Record a step: `drafted` tokens proposed (<= draft_length), `accepted` of them;
+        catch_up: tokens the draft pass fed beyond a steady step's (its time is not h(k))."""
         self.verify_times.add(drafted + 1, verify_seconds)
-        if drafted:
+        self.observe_draft(drafted, accepted, draft_seconds, catch_up=catch_up)
+
+    def observe_draft(
+        self, drafted: int, accepted: int, draft_seconds: float, *, catch_up: int = 0
+    ) -> None:
+        """The drafter's part of `observe` (the verify time recorded elsewhere)."""
+        self.steps += 1
+        if not drafted:
+            self.idle_streak += 1
+            return
+        self.idle_streak = 0
+        if catch_up <= STEADY_FEED:
             self.draft_times.add(drafted, draft_seconds)
-            # Geometric acceptance: `accepted` successes, then one failure unless all passed.
-            rejected = 1 if accepted < drafted else 0
-            self.accepted = self.accepted * self.forgetting + accepted
-            self.rejected = self.rejected * self.forgetting + rejected
+        # Geometric acceptance: `accepted` successes, then one failure unless all passed.
+        self.observe_agreement(accepted, 1 if accepted < drafted else 0)
+
+    def observe_agreement(self, agreed: int, disagreed: int) -> None:
+        """Evidence on the acceptance from positions the drafter was not verified at: its
+        proposal against the tokens the target emitted (successes, failures)."""
+        observed = agreed + disagreed
+        if not observed:
+            return
+        self.idle_streak = 0
+        keep = self.forgetting**observed
+        self.accepted = self.accepted * keep + agreed
+        self.rejected = self.rejected * keep + disagreed
+
+    def observe_idle(self) -> None:
+        """A step another drafter (or none) ran."""
+        self.steps += 1
+        self.idle_streak += 1

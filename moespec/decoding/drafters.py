@@ -21,6 +21,7 @@ from moespec.models import Tokenizer, Transformer
 class Draft:
     tokens: list[int]
     probs: torch.Tensor | None = None  # [len(tokens), V] when sampled from a distribution
+    catch_up: int = 0  # context tokens the draft pass fed beyond a steady step's two
 
 
 class Drafter:
@@ -33,7 +34,11 @@ class Drafter:
 
 
 class ModelDrafter(Drafter):
-    """A draft model decoding with its own cache and the target's sampler settings."""
+    """A draft model decoding with its own cache and the target's sampler settings.
+
+    It catches up lazily: steps it does not draft cost it nothing, and the next `propose` (or
+    `catch_up`) feeds the tokens it missed in one batched pass.
+    """
 
     name = "model"
 
@@ -43,23 +48,38 @@ class ModelDrafter(Drafter):
         self.vocab_size = vocab_size  # the target's: draft distributions are padded to it
         self.cache = model.new_cache()
         self.cached: list[int] = []  # the tokens whose keys/values the cache holds
+        self.next_logits: torch.Tensor | None = None  # [V] after cached[-1]
+
+    def catch_up(self, context: list[int], evidence: bool = False) -> tuple[int, int]:
+        """Feed the context's tokens the cache lacks, in one pass. Returns (fed, agreed):
+        with `evidence`, agreed counts the fed positions whose greedy prediction equals the
+        context's next token (free evidence on greedy acceptance); else 0."""
+        common = 0
+        limit = min(len(self.cached), len(context))
+        while common < limit and self.cached[common] == context[common]:
+            common += 1
+        if common == len(context) == len(self.cached) and self.next_logits is not None:
+            return 0, 0
+        common = min(common, len(context) - 1)  # the last token is fed for its logits
+        self.cache.rollback(common)
+        del self.cached[common:]
+        feed = context[common:]
+        kernel = "slot" if len(feed) <= 16 else "dedup"  # long feeds: the prompt
+        logits = self.model(torch.tensor(feed), self.cache, kernel=kernel, all_logits=evidence)[0]
+        self.cached.extend(feed)
+        self.next_logits = logits[-1]
+        if not evidence or len(feed) < 2:
+            return len(feed), 0
+        predicted = logits[:-1].argmax(-1).tolist()
+        return len(feed), sum(p == t for p, t in zip(predicted, feed[1:], strict=True))
 
     def propose(self, context: list[int], k: int) -> Draft:
         if k == 0:
             return Draft([])
-        # Roll back to the longest prefix the cache shares with the context, feed the rest.
-        common = 0
-        limit = min(len(self.cached), len(context) - 1)
-        while common < limit and self.cached[common] == context[common]:
-            common += 1
-        self.cache.rollback(common)
-        self.cached = self.cached[:common]
-        feed = context[common:]
+        fed, _ = self.catch_up(context)
+        logits = self.next_logits
         tokens, probs = [], []
-        for _ in range(k):
-            kernel = "slot" if len(feed) <= 16 else "dedup"  # long feeds: the prompt
-            logits = self.model(torch.tensor(feed), self.cache, kernel=kernel)[0, -1]
-            self.cached.extend(feed)
+        for i in range(k):
             if self.sampler.greedy:
                 token = int(logits.argmax())
             else:
@@ -67,8 +87,11 @@ class ModelDrafter(Drafter):
                 token = self.sampler.draw(p)
                 probs.append(p)
             tokens.append(token)
-            feed = [token]
-        return Draft(tokens, torch.stack(probs) if probs else None)
+            if i + 1 < k:
+                logits = self.model(torch.tensor([token]), self.cache, kernel="slot")[0, -1]
+                self.cached.append(token)
+                self.next_logits = logits
+        return Draft(tokens, torch.stack(probs) if probs else None, max(fed - 2, 0))
 
     def _padded(self, probs: torch.Tensor) -> torch.Tensor:
         if probs.shape[-1] == self.vocab_size:
@@ -140,7 +163,12 @@ class OracleDrafter(Drafter):
 
 class PromptLookupDrafter(Drafter):
     """n-gram lookup in the context: the longest suffix (max_ngram down to min_ngram tokens)
-    that occurred before proposes the tokens that followed its latest occurrence."""
+    that occurred before proposes the tokens that followed its latest occurrence.
+
+    An index {n-gram: latest start} grows with the context, so a proposal costs O(k) however
+    long the context (a scan would cost O(length) per step); a context that is not the
+    continuation of the last one rebuilds it.
+    """
 
     name = "lookup"
 
@@ -148,16 +176,28 @@ class PromptLookupDrafter(Drafter):
         if not 1 <= min_ngram <= max_ngram:
             raise ValueError(f"need 1 <= min_ngram <= max_ngram, got {min_ngram}, {max_ngram}")
         self.max_ngram, self.min_ngram = max_ngram, min_ngram
+        self.context: list[int] | None = None
+        self.indexed = 0  # n-grams ending before this position are in the index
+        self.index: dict[tuple[int, ...], int] = {}
+
+    def _extend_index(self, context: list[int]) -> None:
+        if context is not self.context or len(context) < self.indexed:
+            self.context, self.indexed, self.index = context, 0, {}
+        # Index the n-grams ending at positions <= len - 2: each has a token after it, and
+        # the context's own suffix (ending at len - 1) is not its own earlier occurrence.
+        for end in range(self.indexed, len(context) - 1):
+            for n in range(self.min_ngram, min(self.max_ngram, end + 1) + 1):
+                self.index[tuple(context[end - n + 1 : end + 1])] = end - n + 1
+        self.indexed = max(self.indexed, len(context) - 1)
 
     def propose(self, context: list[int], k: int) -> Draft:
         if k == 0:
             return Draft([])
+        self._extend_index(context)
         for n in range(min(self.max_ngram, len(context) - 1), self.min_ngram - 1, -1):
-            suffix = context[-n:]
-            for start in range(len(context) - n - 1, -1, -1):
-                if context[start : start + n] == suffix:
-                    follow = context[start + n : start + n + k]
-                    return Draft(list(follow))
+            start = self.index.get(tuple(context[-n:]))
+            if start is not None:
+                return Draft(context[start + n : start + n + k])
         return Draft([])
 
 

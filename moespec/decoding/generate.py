@@ -12,9 +12,10 @@ from dataclasses import asdict, dataclass, replace
 import torch
 
 from moespec.decoding.draft_policy import DraftLengthPolicy
-from moespec.decoding.drafters import Draft, Drafter
+from moespec.decoding.drafters import Drafter
 from moespec.decoding.kernel_policy import KernelPolicy
 from moespec.decoding.sampling import Sampler
+from moespec.decoding.speculation import Speculation
 from moespec.decoding.verify import verify
 from moespec.models import RoutingSink, Transformer
 
@@ -28,7 +29,8 @@ class StepRecord:
 
     tokens: the tokens this step emitted (stop token excluded); n_tokens: the target pass size
     (the prompt length for the prefill step); kernel: the expert kernel of that pass;
-    seconds: wall time of the step. Speculative steps also fill the draft fields.
+    seconds: wall time of the step. Speculative steps also fill the draft fields; drafter
+    names who drafted ("model", "lookup", "oracle"), None for a step without a draft.
     """
 
     phase: str  # "prefill" or "decode"
@@ -36,6 +38,7 @@ class StepRecord:
     n_tokens: int
     kernel: str
     seconds: float
+    drafter: str | None = None
     drafted: int = 0
     accepted: int = 0
     draft_length: int = 0
@@ -84,7 +87,7 @@ def generate(
     max_tokens: int,
     sampler: Sampler | None = None,
     kernels: KernelPolicy | None = None,
-    drafter: Drafter | None = None,
+    drafter: Drafter | Speculation | None = None,
     draft_policy: DraftLengthPolicy | None = None,
     stop_tokens: Sequence[int] = (),
     routing_sink: RoutingSink | None = None,
@@ -95,7 +98,9 @@ def generate(
     Without a drafter every step is one pass of one token (plain decoding). With one, a step
     drafts k = draft_policy.choose() tokens, verifies them with the current token in one target
     pass of k + 1 tokens, emits the accepted drafts plus one target token, and rolls the
-    target's cache back past the rejected drafts.
+    target's cache back past the rejected drafts. drafter may also be a `Speculation`, which
+    chooses per step among several drafters (and none); a step that drafts nothing is a plain
+    step, the drafters not run.
 
     offload: an offload engine (moespec.offload.executor) running the target's experts from
     its tiers; each pass is bracketed by its begin_step/end_step, and records carry its stats.
@@ -104,8 +109,9 @@ def generate(
         raise ValueError(f"max_tokens must be >= 1, got {max_tokens}")
     sampler = sampler or Sampler()
     kernels = kernels or KernelPolicy()
-    if drafter is not None and draft_policy is None:
-        draft_policy = DraftLengthPolicy("auto")
+    speculation = drafter
+    if drafter is not None and not isinstance(drafter, Speculation):
+        speculation = Speculation.single(drafter, draft_policy)
     stops = set(stop_tokens)
     cache = model.new_cache(capacity=len(prompt) + max_tokens + 1)
 
@@ -131,31 +137,36 @@ def generate(
             return
 
         start = time.perf_counter()
-        k = 0
-        if drafter is not None:
-            k = min(draft_policy.choose(), max_tokens - emitted - 1)
-        draft = drafter.propose(context, k) if k > 0 else Draft([])
-        drafted = len(draft.tokens)
+        draft = proposal = None
+        if speculation is not None:
+            proposal = speculation.propose(context, max_tokens - emitted - 1)
+            draft = proposal.draft.tokens
+        drafted = len(draft) if draft else 0
         verify_start = time.perf_counter()
         kernel = kernels.for_pass(drafted + 1)
         if offload is not None:
             offload.begin_step(drafted + 1, drafted=drafted, draft_seconds=verify_start - start)
+        pass_tokens = context[-1:] + draft if drafted else context[-1:]
         logits = model(
-            torch.tensor(context[-1:] + draft.tokens),
+            torch.tensor(pass_tokens),
             cache,
             kernel=kernel,
-            all_logits=True,
+            all_logits=drafted > 0,
             routing_sink=routing_sink,
             offload=offload,
         )[0]
-        accepted, tokens = verify(draft.tokens, logits, sampler, draft.probs)
+        if drafted:
+            accepted, tokens = verify(draft, logits, sampler, proposal.draft.probs)
+        else:
+            accepted, tokens = 0, [sampler.sample(logits[-1])]
         if offload is not None:
             offload.end_step(accepted)
-        cache.rollback(len(context) + accepted)
+        if accepted < drafted:
+            cache.rollback(len(context) + accepted)
         verify_seconds = time.perf_counter() - verify_start
         kernels.observe(drafted + 1, kernel, verify_seconds)
-        if draft_policy is not None:
-            draft_policy.observe(k, drafted, accepted, verify_seconds, verify_start - start)
+        if proposal is not None:
+            speculation.observe(proposal, accepted, tokens, verify_seconds, verify_start - start)
         tokens = tokens[: max_tokens - emitted]
         context.extend(tokens)
         emitted += len(tokens)
@@ -165,11 +176,12 @@ def generate(
             n_tokens=drafted + 1,
             kernel=kernel,
             seconds=0.0,
+            drafter=proposal.drafter if proposal is not None and drafted else None,
             drafted=drafted,
             accepted=accepted,
-            draft_length=k,
+            draft_length=proposal.draft_length if proposal is not None else 0,
             acceptance_estimate=(
-                draft_policy.acceptance_estimate if draft_policy is not None else None
+                speculation.estimate_for(proposal.drafter) if proposal is not None else None
             ),
             draft_seconds=verify_start - start,
             verify_seconds=verify_seconds,

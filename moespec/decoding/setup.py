@@ -1,8 +1,10 @@
-"""Building a drafter from a command-line spec: a checkpoint directory, "oracle:A" or "lookup"."""
+"""Building speculation from a command-line spec: "auto" (or "auto:DIR"), a checkpoint
+directory, "oracle:A" or "lookup"; the draft-length policy from a plan or measured online."""
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
+from moespec.decoding.draft_policy import DraftLengthPolicy, RunningMedians
 from moespec.decoding.drafters import (
     Drafter,
     ModelDrafter,
@@ -13,7 +15,10 @@ from moespec.decoding.drafters import (
 from moespec.decoding.generate import generate
 from moespec.decoding.kernel_policy import KernelPolicy
 from moespec.decoding.sampling import Sampler
+from moespec.decoding.speculation import Option, Speculation
 from moespec.models import Tokenizer, Transformer, load_model
+
+SPECS = "auto, auto:DIR, oracle:A, lookup, none"
 
 
 def greedy_reference(
@@ -43,7 +48,17 @@ def parse_oracle(spec: str) -> float:
     return acceptance
 
 
-def build_drafter(
+def load_draft_model(spec: str, tokenizer: Tokenizer, dtype) -> Transformer:
+    """The draft checkpoint at `spec`, which must share the target's tokenizer."""
+    path = Path(spec)
+    if not path.is_dir():
+        raise ValueError(f"--draft {spec!r} is neither a checkpoint directory nor one of {SPECS}")
+    draft_model, draft_tokenizer = load_model(path, dtype=dtype)
+    check_same_tokenizer(tokenizer, draft_tokenizer, path)
+    return draft_model
+
+
+def drafter_factory(
     spec: str,
     *,
     target: Transformer,
@@ -54,11 +69,13 @@ def build_drafter(
     dtype,
     reference: list[int] | None = None,
     seed: int = 0,
-) -> Drafter:
-    """spec: a checkpoint directory, "oracle:A" (greedy only) or "lookup"."""
+) -> Callable[[], Drafter]:
+    """A function giving a fresh drafter of `spec` (a checkpoint directory, "oracle:A" for
+    greedy decoding only, or "lookup") per generation; checkpoints and the oracle's reference
+    are made once."""
     vocab = target.config.vocab_size
     if spec == "lookup":
-        return PromptLookupDrafter()
+        return PromptLookupDrafter
     if spec.startswith("oracle"):
         acceptance = parse_oracle(spec)
         if not sampler.greedy:
@@ -67,7 +84,7 @@ def build_drafter(
             reference = greedy_reference(
                 target, prompt, max_tokens, None, target.config.eos_token_ids
             )
-        return OracleDrafter(
+        return lambda: OracleDrafter(
             reference,
             len(prompt),
             acceptance,
@@ -75,10 +92,74 @@ def build_drafter(
             seed,
             resync=lambda context, n: greedy_reference(target, context, n),
         )
-    path = Path(spec)
-    if not path.is_dir():
-        raise ValueError(f"--draft {spec!r} is neither a checkpoint directory, oracle:A nor lookup")
-    draft_model, draft_tokenizer = load_model(path, dtype=dtype)
-    check_same_tokenizer(tokenizer, draft_tokenizer, path)
-    draft_sampler = Sampler(sampler.temperature, sampler.top_p, seed + 1)
-    return ModelDrafter(draft_model, draft_sampler, vocab)
+    draft_model = load_draft_model(spec, tokenizer, dtype)
+    return lambda: ModelDrafter(
+        draft_model, Sampler(sampler.temperature, sampler.top_p, seed + 1), vocab
+    )
+
+
+def build_drafter(spec: str, **settings) -> Drafter:
+    """One drafter of `spec` (see `drafter_factory` for the settings)."""
+    return drafter_factory(spec, **settings)()
+
+
+def speculation_factory(
+    spec: str,
+    *,
+    draft_length: int | str = "auto",
+    max_draft_length: int = 8,
+    plan: dict | None = None,
+    **settings,
+) -> Callable[[], Speculation]:
+    """A function giving fresh speculation state (drafter caches, estimates, step times) per
+    generation: what `--draft SPEC` decodes with.
+
+    spec: "auto" chooses per step among prompt lookup and none; "auto:DIR" adds the draft
+    model DIR; anything else is that drafter alone (`drafter_factory`, whose settings the
+    others are). plan: a plan (`moespec plan`) whose verify times give every drafter's tau(n),
+    and whose draft times give h(k) of the draft it measured (`plan["draft_dir"]`).
+    """
+    if spec == "auto" or spec.startswith("auto:"):
+        model_dir = spec.partition(":")[2] or None
+        specs = {"lookup": "lookup", **({"model": model_dir} if model_dir else {})}
+    else:
+        specs = {None: spec}
+    makers = {name: drafter_factory(s, **settings) for name, s in specs.items()}
+
+    def make() -> Speculation:
+        shared = RunningMedians()
+        options = {}
+        for name, maker in makers.items():
+            drafter = maker()
+            draft_dir = specs[name] if isinstance(drafter, ModelDrafter) else None
+            policy = draft_length_policy(draft_length, max_draft_length, plan, draft_dir, shared)
+            options[drafter.name] = Option(drafter, policy)
+        return Speculation(options)
+
+    return make
+
+
+def draft_length_policy(
+    draft_length, max_draft_length, plan=None, draft_dir=None, measured_verify=None
+) -> DraftLengthPolicy:
+    """The draft-length policy: V(k) from the plan's verify times (and its draft's h(k) when
+    the plan measured this very draft), else measured online."""
+    if plan is None:
+        return DraftLengthPolicy(
+            draft_length, max_draft_length=max_draft_length, measured_verify=measured_verify
+        )
+    from moespec.demo import describe
+
+    planned = plan.get("draft_dir")
+    same_draft = (
+        planned is not None
+        and draft_dir is not None
+        and (describe(draft_dir) == planned or Path(draft_dir).resolve() == Path(planned).resolve())
+    )
+    return DraftLengthPolicy(
+        draft_length,
+        max_draft_length=max_draft_length,
+        verify_times=plan["verify_time"],
+        draft_times=plan["draft_time"] if same_draft else None,
+        measured_verify=measured_verify,
+    )

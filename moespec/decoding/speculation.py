@@ -1,0 +1,167 @@
+"""Per step, which drafter drafts and how many tokens, or none: the choice of `--draft auto`.
+
+Every drafter d has its own acceptance estimate a_d and draft cost h_d(k); the target's verify
+time tau(n) is one table for all of them (a pass of n tokens costs the same whoever drafted
+it). Each step runs the option of highest expected throughput T = G_{a_d}(k*_d) / V_d(k*_d),
+V_d(k) = tau(k + 1) + h_d(k) (seed 000 §1, §3.3, each drafter through the same cost model);
+k = 0 (a plain step, T = 1/tau(1)) is always an option and costs nothing beyond the plain
+step: a drafter that does not draft is not run.
+
+Evidence comes as cheaply as it can:
+- cheap drafters (prompt lookup) propose before the choice; when another option runs, their
+  proposal is scored against the tokens the target emitted (successes up to the first
+  mismatch, then one failure), an unbiased estimate of their acceptance under greedy decoding
+  and under sampling alike (a point-mass draft x is accepted with probability p(x), the
+  chance that the emitted token is x);
+- a model drafter at k* = 0 is probed, under greedy decoding, by catching up on the tokens it
+  missed in one batched pass and scoring its greedy predictions at those positions, not by a
+  speculative step; under sampling a probe is a one-token draft. The probe gap doubles after
+  every probe that leaves k* = 0 (`DraftLengthPolicy`).
+"""
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from moespec.decoding.draft_policy import DraftLengthPolicy, Plan, RunningMedians
+from moespec.decoding.drafters import Draft, Drafter, ModelDrafter, PromptLookupDrafter
+
+CHEAP = (PromptLookupDrafter,)  # proposing costs microseconds: propose before choosing
+
+
+@dataclass
+class Option:
+    drafter: Drafter
+    policy: DraftLengthPolicy
+
+
+@dataclass
+class Proposal:
+    """This step's draft: who drafted (None: a plain step), the draft length chosen, the
+    draft, and the cheap drafters' own proposals (scored against what the step emits)."""
+
+    drafter: str | None
+    draft_length: int
+    draft: Draft
+    shadows: dict[str, list[int]]
+
+
+class Speculation:
+    """options: {name: (drafter, policy)}; policies of several options should share one
+    `RunningMedians` of verify times (`Speculation.auto` builds them so)."""
+
+    def __init__(self, options: dict[str, Option]):
+        if not options:
+            raise ValueError("speculation needs at least one drafter")
+        # Cheap drafters first: they propose before the choice and take warm-up steps.
+        self.options = dict(
+            sorted(options.items(), key=lambda item: not isinstance(item[1].drafter, CHEAP))
+        )
+        self.verify_times = next(iter(self.options.values())).policy.verify_times
+
+    @classmethod
+    def single(cls, drafter: Drafter, policy: DraftLengthPolicy | None = None) -> "Speculation":
+        return cls({drafter.name: Option(drafter, policy or DraftLengthPolicy("auto"))})
+
+    @classmethod
+    def auto(
+        cls, drafters: Sequence[Drafter], draft_length: int | str = "auto", **policy
+    ) -> "Speculation":
+        """Several drafters, one policy each (same settings) over shared verify times."""
+        shared = RunningMedians(policy.pop("window", 16))
+        return cls(
+            {
+                d.name: Option(d, DraftLengthPolicy(draft_length, measured_verify=shared, **policy))
+                for d in drafters
+            }
+        )
+
+    @property
+    def policies(self) -> dict[str, DraftLengthPolicy]:
+        return {name: option.policy for name, option in self.options.items()}
+
+    def propose(self, context: list[int], limit: int) -> Proposal:
+        """The next step's draft, at most `limit` tokens."""
+        if limit <= 0:
+            return Proposal(None, 0, Draft([]), {})
+        plans, shadows = {}, {}
+        for name, option in self.options.items():
+            policy, cap = option.policy, limit
+            if isinstance(option.drafter, CHEAP):
+                ask = policy.fixed if policy.fixed is not None else policy.max_draft_length
+                shadows[name] = option.drafter.propose(context, min(ask, limit)).tokens
+                cap = len(shadows[name])
+                if cap == 0:
+                    continue  # nothing to propose: not an option this step
+            plans[name] = plan = policy.plan(cap)
+            if plan.probe == "probe" and self._probe_for_free(option, context):
+                plans[name] = policy.plan(cap)  # decide again on the new evidence
+        name, plan = self._best(plans)
+        if name is None or plan.draft_length == 0:
+            if name is not None:
+                self.options[name].policy.commit(plan)
+            return Proposal(None, 0, Draft([]), shadows)
+        option = self.options[name]
+        option.policy.commit(plan)
+        if name in shadows:
+            draft = Draft(shadows.pop(name)[: plan.draft_length])
+        else:
+            draft = option.drafter.propose(context, plan.draft_length)
+        return Proposal(name, plan.draft_length, draft, shadows)
+
+    def _probe_for_free(self, option: Option, context: list[int]) -> bool:
+        """A greedy model drafter's probe: catch up and score its predictions (no draft)."""
+        drafter = option.drafter
+        if not isinstance(drafter, ModelDrafter) or not drafter.sampler.greedy:
+            return False
+        fed, agreed = drafter.catch_up(context, evidence=True)
+        option.policy.commit(Plan(1, None, "probe"))
+        option.policy.observe_agreement(agreed, max(fed - 1 - agreed, 0))
+        return True
+
+    def _best(self, plans: dict[str, Plan]) -> tuple[str | None, Plan | None]:
+        """Warm-up and probe steps first (cheap drafters before model ones), else the highest
+        expected throughput (ties: the first option); unknown throughputs lose to known."""
+        for name, plan in plans.items():
+            if plan.probe in ("warm-up", "probe") and plan.draft_length > 0:
+                return name, plan
+        best = None
+        for name, plan in plans.items():
+            score = (plan.throughput is not None, plan.throughput or 0.0)
+            if best is None or score > best[0]:
+                best = score, name, plan
+        return (best[1], best[2]) if best else (None, None)
+
+    def observe(
+        self,
+        proposal: Proposal,
+        accepted: int,
+        emitted: list[int],
+        verify_seconds: float,
+        draft_seconds: float,
+    ) -> None:
+        """Record a step: the verify time once, the acceptance of the drafter that ran, and
+        each cheap drafter's unused proposal scored against the emitted tokens."""
+        drafted = len(proposal.draft.tokens)
+        self.verify_times.add(drafted + 1, verify_seconds)
+        for name, option in self.options.items():
+            if name == proposal.drafter:
+                option.policy.observe_draft(
+                    drafted, accepted, draft_seconds, catch_up=proposal.draft.catch_up
+                )
+                continue
+            option.policy.observe_idle()
+            shadow = proposal.shadows.get(name)
+            if shadow:
+                agreed = 0
+                while agreed < min(len(shadow), len(emitted)) and shadow[agreed] == emitted[agreed]:
+                    agreed += 1
+                failed = 1 if agreed < min(len(shadow), len(emitted)) else 0
+                option.policy.observe_agreement(agreed, failed)
+
+    def estimate_for(self, name: str | None) -> float | None:
+        """The acceptance estimate of drafter `name`; of the only one when None."""
+        if name is None:
+            if len(self.options) != 1:
+                return None
+            name = next(iter(self.options))
+        return self.options[name].policy.acceptance_estimate

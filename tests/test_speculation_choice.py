@@ -1,0 +1,211 @@
+"""Speculation that never loses: plain steps that run no drafter, bounded probing, the choice
+among drafters, cheap evidence, and the paired comparison with plain decoding."""
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from moespec.cli import main
+from moespec.decoding import (
+    DraftLengthPolicy,
+    KernelPolicy,
+    ModelDrafter,
+    PromptLookupDrafter,
+    Sampler,
+    generate,
+)
+from moespec.decoding.compare import compare_plain
+from moespec.decoding.drafters import Draft
+from moespec.decoding.speculation import Proposal, Speculation
+from moespec.models import load_model
+
+PROMPT = [5, 17, 33, 2, 5, 17, 40, 41, 5, 17]
+LOSS = [1.0, 5.0, 9.0, 13.0, 17.0]  # V(k): drafting costs four plain steps per token
+
+
+@pytest.fixture(scope="module")
+def pair(checkpoint_dir):
+    target, _ = load_model(checkpoint_dir("qwen3_moe")[0], dtype="fp32")
+    draft, _ = load_model(checkpoint_dir("qwen3")[0], dtype="fp32")
+    return target, draft
+
+
+class CountingModel:
+    """A model whose passes are counted (the drafter runs it as it is)."""
+
+    def __init__(self, model):
+        self.model, self.passes = model, 0
+
+    def new_cache(self, *args, **kwargs):
+        return self.model.new_cache(*args, **kwargs)
+
+    def __call__(self, *args, **kwargs):
+        self.passes += 1
+        return self.model(*args, **kwargs)
+
+
+def tokens_of(records):
+    return [t for r in records for t in r.tokens]
+
+
+def test_probes_while_drafting_never_pays_come_at_doubling_gaps():
+    policy = DraftLengthPolicy("auto", step_times=LOSS, prior=(1.0, 9.0), probe_interval=16)
+    probes = []
+    for step in range(1500):
+        k = policy.choose()
+        if k:
+            probes.append(step)
+        policy.observe(k, k, 0, 1.0, 0.0)  # every probe rejected at once
+    gaps = [b - a for a, b in zip([-1, *probes], probes, strict=False)]
+    assert gaps[:6] == [17, 33, 65, 129, 257, 257]  # 16, 32, ... plain steps, capped at 256
+    assert len(probes) <= 9  # of 1500 steps
+
+
+def test_probe_gap_returns_to_its_base_once_drafting_pays():
+    step_times = [1.0, 1.05, 1.1, 1.15, 1.2]  # drafting is cheap: pays from a = 0.05
+    policy = DraftLengthPolicy("auto", step_times=step_times, prior=(1.0, 19.0))
+    for _ in range(60):  # acceptance estimate <= 0.05: plain steps, two rejected probes
+        k = policy.choose()
+        policy.observe(k, k, 0, 1.0, 0.0)
+    assert policy.probe_gap == 64
+    policy.observe_agreement(10, 0)  # evidence that the drafts would now pass
+    assert policy.choose() > 0 and policy.probe_gap == 16
+
+
+def test_without_a_plan_only_pass_sizes_one_and_two_are_bought_before_drafting_pays():
+    policy = DraftLengthPolicy("auto", max_draft_length=8, prior=(1.0, 9.0))
+    chosen = []
+    for _ in range(12):
+        k = policy.choose()
+        chosen.append(k)
+        policy.observe(k, k, 0, 1.0 + 0.3 * k, 0.5 * k)
+    assert max(chosen) == 1 and 8 not in chosen
+
+
+def brute_force_lookup(context, k, max_ngram=3):
+    for n in range(min(max_ngram, len(context) - 1), 0, -1):
+        for start in range(len(context) - n - 1, -1, -1):
+            if context[start : start + n] == context[-n:]:
+                return context[start + n : start + n + k]
+    return []
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    st.lists(st.integers(0, 4), min_size=1, max_size=8),
+    st.lists(st.lists(st.integers(0, 4), min_size=1, max_size=3), max_size=12),
+    st.integers(1, 5),
+)
+def test_lookup_index_proposes_what_a_scan_of_the_context_finds(start, growth, k):
+    drafter, context = PromptLookupDrafter(), list(start)
+    assert drafter.propose(context, k).tokens == brute_force_lookup(context, k)
+    for tokens in growth:  # the context grows as decoding emits tokens
+        context.extend(tokens)
+        assert drafter.propose(context, k).tokens == brute_force_lookup(context, k)
+    other = context[::-1]  # another context: the index starts again
+    assert drafter.propose(other, k).tokens == brute_force_lookup(other, k)
+
+
+def test_catch_up_scores_the_draft_greedy_predictions_at_the_missed_positions(pair):
+    _, draft = pair
+    drafter = ModelDrafter(draft, Sampler(), draft.config.vocab_size)
+    context = PROMPT + [7, 9, 11, 5, 17]
+    fed, agreed = drafter.catch_up(context, evidence=True)
+    logits = draft(torch.tensor(context), draft.new_cache(), all_logits=True)[0]
+    predicted = logits[:-1].argmax(-1).tolist()
+    assert fed == len(context)
+    assert agreed == sum(p == t for p, t in zip(predicted, context[1:], strict=True))
+    assert drafter.catch_up(context) == (0, 0)  # nothing missed: nothing run
+
+
+def test_an_unused_lookup_proposal_is_scored_against_the_emitted_tokens():
+    speculation = Speculation.auto([PromptLookupDrafter()], prior=(1.0, 1.0), forgetting=1.0)
+    policy = speculation.policies["lookup"]
+    plain_step = Proposal(None, 0, Draft([]), {"lookup": [4, 6, 8]})
+    speculation.observe(plain_step, 0, [4], 1.0, 0.0)  # one position seen, agreed
+    speculation.observe(plain_step, 0, [9], 1.0, 0.0)  # disagreed at once
+    assert (policy.accepted, policy.rejected) == (2.0, 2.0)
+
+
+@pytest.mark.parametrize("kernel", ["slot", "dedup", "auto"])
+def test_greedy_auto_speculation_equals_plain_greedy(pair, kernel):
+    target, draft = pair
+    plain = tokens_of(generate(target, PROMPT, max_tokens=40, kernels=KernelPolicy(kernel)))
+    drafters = [PromptLookupDrafter(), ModelDrafter(draft, Sampler(), target.config.vocab_size)]
+    speculation = Speculation.auto(drafters, prior=(9.0, 1.0), probe_interval=4)
+    records = list(
+        generate(target, PROMPT, max_tokens=40, kernels=KernelPolicy(kernel), drafter=speculation)
+    )
+    assert tokens_of(records) == plain
+    decode = records[1:]
+    assert all((r.drafter is None) == (r.drafted == 0) for r in decode)
+    assert {r.drafter for r in decode} <= {None, "lookup", "model"}
+    assert {r.drafter for r in decode} > {None}  # something drafted
+
+
+def test_plain_steps_run_no_draft_model_pass(pair):
+    target, draft = pair
+    counted = CountingModel(draft)
+    drafter = ModelDrafter(counted, Sampler(), target.config.vocab_size)
+    policy = DraftLengthPolicy("auto", step_times=LOSS, prior=(1.0, 9.0), probe_interval=8)
+    records = list(
+        generate(target, PROMPT, max_tokens=60, drafter=Speculation.single(drafter, policy))
+    )
+    assert all(r.drafted == 0 for r in records[1:])  # drafting never pays on these V(k)
+    # Greedy probes are catch-up passes scoring the draft, at 8, then 16, 32 plain steps.
+    assert counted.passes == 3
+    plain = tokens_of(generate(target, PROMPT, max_tokens=60))
+    assert tokens_of(records) == plain
+
+
+def test_paired_rounds_alternate_their_order_and_report_the_median_ratio(pair):
+    target, draft = pair
+
+    def plain_arm(n):
+        return generate(target, PROMPT, max_tokens=n)
+
+    def speculative_arm(n):
+        drafter = ModelDrafter(draft, Sampler(), target.config.vocab_size)
+        return generate(
+            target, PROMPT, max_tokens=n, drafter=drafter, draft_policy=DraftLengthPolicy(2)
+        )
+
+    shown = []
+    comparison, records = compare_plain(
+        speculative_arm, plain_arm, 12, rounds=4, on_speculative=shown.append
+    )
+    assert [r.plain_first for r in comparison.rounds] == [False, True, False, True]
+    assert comparison.same_tokens and shown == records
+    ratios = sorted(r.tokens_per_second / r.plain_tokens_per_second for r in comparison.rounds)
+    assert comparison.speedup == pytest.approx((ratios[1] + ratios[2]) / 2)
+    with pytest.raises(ValueError, match="rounds"):
+        compare_plain(speculative_arm, plain_arm, 12, rounds=0)
+
+
+def test_compare_plain_without_a_draft_compares_plain_with_itself(checkpoint_dir, capsys):
+    import json
+
+    directory, _ = checkpoint_dir("qwen3_moe")
+    argv = ["generate", "--model", str(directory), "w1 w2 w3", "--max-tokens", "8"]
+    assert main([*argv, "--dtype", "fp32", "--compare-plain", "--rounds", "3", "--json"]) == 0
+    result = json.loads(capsys.readouterr().out)
+    assert len(result["compare"]["rounds"]) == 3 and result["same_tokens_as_plain"] is True
+    assert all(s["drafted"] == 0 for s in result["steps"])
+    assert main([*argv, "--compare-plain", "--rounds", "0"]) == 2
+    assert "--rounds must be >= 1" in capsys.readouterr().err
+
+
+def test_auto_draft_with_a_model_directory_on_the_command_line(checkpoint_dir, capsys):
+    import json
+
+    target, _ = checkpoint_dir("qwen3_moe")
+    draft, _ = checkpoint_dir("qwen3")
+    argv = ["generate", "--model", str(target), "w1 w2 w3 w1 w2", "--max-tokens", "24"]
+    assert main([*argv, "--dtype", "fp32", "--draft", f"auto:{draft}", "--json"]) == 0
+    result = json.loads(capsys.readouterr().out)
+    plain = main([*argv, "--dtype", "fp32", "--draft", "none", "--json"])
+    assert plain == 0
+    assert result["tokens"] == json.loads(capsys.readouterr().out)["tokens"]
+    drafters = {s["drafter"] for s in result["steps"] if s["phase"] == "decode"}
+    assert drafters <= {None, "lookup", "model"}
