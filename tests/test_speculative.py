@@ -239,7 +239,9 @@ def test_auto_measures_step_times_online_and_interpolates():
     # tau(n) and h(k) extrapolated linearly: tau(1) = 1, tau(2) = 1.5; h(0) = 0, h(1) = 0.1.
     assert table[0] == pytest.approx(1.0) and table[1] == pytest.approx(1.6)
     assert table[4] == pytest.approx(3.0 + 0.4)
-    assert policy.choose() == 1  # k* on the evidence (a_hat = 0.67): drafting pays...
+    assert policy.choose() == 1  # k* = 1 at a_hat = 0.67: the far end is not bought yet
+    policy.observe_agreement(20, 0)  # (e.g. a cheap drafter's proposals, scored)
+    assert policy.choose() >= 2  # k* >= 2 on the evidence...
     assert policy.choose() == 4  # ...so the far end is worth measuring now
     policy.observe(4, 4, 2, 9.0, 9.0)
     policy.observe(4, 4, 2, 2.0, 0.4)

@@ -7,7 +7,7 @@ interpolation between measured pass sizes). k = best_draft_length(V, a_hat), see
 
 Speculation must not lose where it does not pay, so exploring costs a bounded budget: without a
 plan only pass sizes 1 (plain steps, free) and 2 are measured before deciding, the far end
-k_max + 1 only once drafting has paid on its own; and while k* = 0 a probe (one draft, or a
+k_max + 1 only once k* >= 2 has been chosen on its own; and while k* = 0 a probe (one draft, or a
 cheaper piece of evidence, see `moespec.decoding.speculation`) comes after `probe_interval`
 plain steps, the gap doubling after every probe that leaves k* at 0.
 """
@@ -153,7 +153,7 @@ class DraftLengthPolicy:
         self.probe_gap = probe_interval
         self.since_probe = 0
         self.probes = 0
-        self.has_paid = False  # k* >= 1 chosen on the evidence, not as a probe
+        self.has_paid = False  # k* >= 2 chosen on the evidence: the far end is worth a step
         self.warm_tries = defaultdict(int)
         self._table_key = self._table = None
 
@@ -239,7 +239,8 @@ class DraftLengthPolicy:
             self.probes += 1
         elif plan.probe is None and plan.draft_length > 0:  # drafting pays on the evidence
             self.since_probe += 1
-            self.has_paid, self.probe_gap = True, self.probe_interval
+            self.probe_gap = self.probe_interval
+            self.has_paid |= plan.draft_length >= 2
 
     def _throughput(self, table, k: int) -> float | None:
         if table is None or k >= len(table):
@@ -248,7 +249,9 @@ class DraftLengthPolicy:
 
     def _warm_up(self, k_max: int) -> int | None:
         """Pass sizes measured before trusting interpolation, a few tries each (a drafter may
-        propose fewer tokens than asked): 1 and 2 first; k_max + 1 once drafting has paid."""
+        propose fewer tokens than asked): 1 and 2 first; k_max + 1 once k* >= 2 has been
+        chosen on the evidence (until then, linear extrapolation from 1 and 2, which
+        overestimates a deduplicating pass, errs towards drafting less)."""
         known = self.verify_times.known()
         ends = (0, 1, k_max) if self.has_paid else (0, 1)
         for k in dict.fromkeys(ends):

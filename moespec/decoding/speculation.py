@@ -19,6 +19,7 @@ Evidence comes as cheaply as it can:
   every probe that leaves k* = 0 (`DraftLengthPolicy`).
 """
 
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -37,12 +38,14 @@ class Option:
 @dataclass
 class Proposal:
     """This step's draft: who drafted (None: a plain step), the draft length chosen, the
-    draft, and the cheap drafters' own proposals (scored against what the step emits)."""
+    draft, the cheap drafters' own proposals (scored against what the step emits), and the
+    seconds the drafter that drafted took to propose (its h(k), without the choosing)."""
 
     drafter: str | None
     draft_length: int
     draft: Draft
     shadows: dict[str, list[int]]
+    seconds: float = 0.0
 
 
 class Speculation:
@@ -83,12 +86,14 @@ class Speculation:
         """The next step's draft, at most `limit` tokens."""
         if limit <= 0:
             return Proposal(None, 0, Draft([]), {})
-        plans, shadows = {}, {}
+        plans, shadows, seconds = {}, {}, {}
         for name, option in self.options.items():
             policy, cap = option.policy, limit
             if isinstance(option.drafter, CHEAP):
                 ask = policy.fixed if policy.fixed is not None else policy.max_draft_length
+                start = time.perf_counter()
                 shadows[name] = option.drafter.propose(context, min(ask, limit)).tokens
+                seconds[name] = time.perf_counter() - start
                 cap = len(shadows[name])
                 if cap == 0:
                     continue  # nothing to propose: not an option this step
@@ -105,8 +110,10 @@ class Speculation:
         if name in shadows:
             draft = Draft(shadows.pop(name)[: plan.draft_length])
         else:
+            start = time.perf_counter()
             draft = option.drafter.propose(context, plan.draft_length)
-        return Proposal(name, plan.draft_length, draft, shadows)
+            seconds[name] = time.perf_counter() - start
+        return Proposal(name, plan.draft_length, draft, shadows, seconds[name])
 
     def _probe_for_free(self, option: Option, context: list[int]) -> bool:
         """A greedy model drafter's probe: catch up and score its predictions (no draft)."""
@@ -139,14 +146,16 @@ class Speculation:
         verify_seconds: float,
         draft_seconds: float,
     ) -> None:
-        """Record a step: the verify time once, the acceptance of the drafter that ran, and
-        each cheap drafter's unused proposal scored against the emitted tokens."""
+        """Record a step: the verify time once, the acceptance and draft time of the drafter
+        that ran, and each cheap drafter's unused proposal scored against the emitted tokens.
+        draft_seconds (the whole drafting phase, choice included) is kept for the record; h(k)
+        is the drafter's own `proposal.seconds`."""
         drafted = len(proposal.draft.tokens)
         self.verify_times.add(drafted + 1, verify_seconds)
         for name, option in self.options.items():
             if name == proposal.drafter:
                 option.policy.observe_draft(
-                    drafted, accepted, draft_seconds, catch_up=proposal.draft.catch_up
+                    drafted, accepted, proposal.seconds, catch_up=proposal.draft.catch_up
                 )
                 continue
             option.policy.observe_idle()

@@ -1,0 +1,274 @@
+"""Real-draft evaluation (seed 000, App. D.3 analogue): does speculation with a real draft pay,
+prompt by prompt, and does `--draft auto` find the best choice without losing where none pays?
+
+    python benchmarks/real_draft_eval.py --out benchmarks/results/real_draft_demo.json \\
+        --plot benchmarks/results/real_draft_demo.png
+
+Prompts are windows of the demo corpus's held-out files (a seeded offset into each file). Per
+prompt, greedy, every arm decodes the same number of tokens from fresh state: plain; the draft
+model at each fixed k = 1..8; prompt lookup at fixed k; `auto` (per step among the draft model,
+lookup and none, as `moespec generate --draft auto:DIR`); and plain again (`plain-b`, whose
+ratio to plain is the noise floor). Arms run in a seeded random order within each round, one
+round per repeat, all in one process; every ratio is paired within a round (arm / plain of the
+same prompt and round) and summarised by its median over rounds. Results are written after every
+round, so an interrupted run keeps the rounds it finished.
+"""
+
+import argparse
+import random
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from common import machine  # noqa: E402
+
+from moespec.decoding import DraftLengthPolicy, KernelPolicy, generate, summarize  # noqa: E402
+from moespec.decoding.drafters import ModelDrafter, PromptLookupDrafter  # noqa: E402
+from moespec.decoding.sampling import Sampler  # noqa: E402
+from moespec.decoding.setup import speculation_factory  # noqa: E402
+from moespec.demo import demo_paths, describe  # noqa: E402
+from moespec.demo.corpus import held_out_documents  # noqa: E402
+from moespec.files import check_writable, write_json  # noqa: E402
+from moespec.models import load_model  # noqa: E402
+
+LOOKUP_LENGTHS = (2, 4, 8)
+WITHIN = 0.95  # "within 5% of the best fixed choice"
+NEVER_LOSES = 0.97  # auto's floor against plain where no fixed choice beats plain
+
+
+def prompts_from_held_out(tokenizer, count: int, length: int, seed: int) -> list[dict]:
+    """`count` windows of `length` tokens, one per held-out file long enough, at a seeded
+    offset (so not every prompt is a licence header)."""
+    rng = random.Random(seed)
+    prompts = []
+    for document in held_out_documents():
+        ids = tokenizer.encode(document.text)
+        if len(ids) < 4 * length:
+            continue
+        start = rng.randrange(0, len(ids) - 2 * length)
+        prompts.append(
+            {"source": document.name, "offset": start, "ids": ids[start : start + length]}
+        )
+        if len(prompts) == count:
+            return prompts
+    raise ValueError(f"only {len(prompts)} held-out files have {4 * length} tokens")
+
+
+def make_arms(target, draft_model, draft_dir, tokenizer, max_tokens):
+    """{arm name: function(prompt ids, n) -> records}, each a fresh generation."""
+    vocab = target.config.vocab_size
+
+    def run(prompt, n, drafter=None, policy=None):
+        return list(
+            generate(
+                target,
+                prompt,
+                max_tokens=n,
+                kernels=KernelPolicy("auto"),
+                drafter=drafter,
+                draft_policy=policy,
+                stop_tokens=(),
+            )
+        )
+
+    arms = {"plain": lambda p, n: run(p, n), "plain-b": lambda p, n: run(p, n)}
+    for k in range(1, 9):
+        arms[f"model:{k}"] = lambda p, n, k=k: run(
+            p, n, ModelDrafter(draft_model, Sampler(), vocab), DraftLengthPolicy(k)
+        )
+    for k in LOOKUP_LENGTHS:
+        arms[f"lookup:{k}"] = lambda p, n, k=k: run(
+            p, n, PromptLookupDrafter(), DraftLengthPolicy(k)
+        )
+
+    def auto(prompt, n):
+        make = speculation_factory(
+            f"auto:{draft_dir}",
+            target=target,
+            tokenizer=tokenizer,
+            sampler=Sampler(),
+            prompt=prompt,
+            max_tokens=n,
+            dtype="bf16",
+        )
+        return run(prompt, n, make())
+
+    arms["auto"] = auto
+    return arms
+
+
+def summarise(prompts, arms, rounds) -> dict:
+    """Paired ratios per prompt and the scores of the issue (see the module docstring)."""
+    fixed = [a for a in arms if a not in ("auto", "plain-b")]
+    per_prompt = []
+    for i, prompt in enumerate(prompts):
+        runs = [r[i] for r in rounds]
+        ratio = {
+            arm: statistics.median(run[arm]["tps"] / run["plain"]["tps"] for run in runs)
+            for arm in arms
+        }
+        best = max(fixed, key=lambda arm: ratio[arm])
+        auto_vs_best = statistics.median(run["auto"]["tps"] / run[best]["tps"] for run in runs)
+        per_prompt.append(
+            {
+                "source": prompt["source"],
+                "offset": prompt["offset"],
+                "plain_tokens_per_second": statistics.median(run["plain"]["tps"] for run in runs),
+                "speedup": ratio,
+                "best_fixed": best,
+                "auto_over_best_fixed": auto_vs_best,
+                "auto_drafters": runs[0]["auto"]["drafters"],
+                "same_tokens_as_plain": {
+                    arm: all(run[arm]["same"] for run in runs) for arm in arms
+                },
+            }
+        )
+    no_gain = [p for p in per_prompt if p["best_fixed"] == "plain"]
+    auto = [p["speedup"]["auto"] for p in per_prompt]
+    noise = [p["speedup"]["plain-b"] for p in per_prompt]
+    return {
+        "prompts": per_prompt,
+        "scores": {
+            "auto_within_5pct_of_best_fixed": sum(
+                p["auto_over_best_fixed"] >= WITHIN for p in per_prompt
+            )
+            / len(per_prompt),
+            "prompts_where_no_fixed_choice_beats_plain": len(no_gain),
+            "auto_worst_on_those": min((p["speedup"]["auto"] for p in no_gain), default=None),
+            "auto_at_least_0.97x_plain_on_those": all(
+                p["speedup"]["auto"] >= NEVER_LOSES for p in no_gain
+            ),
+            "auto_worst_against_plain": min(auto),
+            "auto_median_speedup": statistics.median(auto),
+            "share_of_prompts_where_speculation_beats_plain": sum(
+                p["best_fixed"] != "plain" for p in per_prompt
+            )
+            / len(per_prompt),
+            "share_of_prompts_where_auto_beats_plain": sum(a > 1 for a in auto) / len(auto),
+            "noise_floor_plain_b_over_plain": [min(noise), statistics.median(noise), max(noise)],
+        },
+    }
+
+
+def plot(result: dict, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    prompts = sorted(result["prompts"], key=lambda p: p["speedup"][p["best_fixed"]])
+    x = range(len(prompts))
+    fig, (left, right) = plt.subplots(1, 2, figsize=(12, 4.5), gridspec_kw={"width_ratios": [3, 1]})
+    for arm, style in (("model:", "tab:blue"), ("lookup:", "tab:green")):
+        for i, p in enumerate(prompts):
+            values = [v for a, v in p["speedup"].items() if a.startswith(arm)]
+            left.scatter([i] * len(values), values, s=8, color=style, alpha=0.35)
+    left.plot(x, [p["speedup"][p["best_fixed"]] for p in prompts], "k_", ms=14, label="best fixed")
+    left.plot(x, [p["speedup"]["auto"] for p in prompts], "o", color="tab:red", label="auto")
+    noise = result["scores"]["noise_floor_plain_b_over_plain"]
+    left.axhspan(noise[0], noise[2], color="0.85", label="plain vs plain (noise)")
+    left.axhline(1.0, color="0.4", lw=0.8)
+    left.scatter([], [], s=8, color="tab:blue", label="draft model, k = 1..8")
+    left.scatter([], [], s=8, color="tab:green", label="lookup, fixed k")
+    left.set_xlabel("prompt (sorted by the best fixed choice's speedup)")
+    left.set_ylabel("tokens/s over plain (median of paired rounds)")
+    left.legend(fontsize=8)
+    right.hist([p["speedup"]["auto"] for p in prompts], bins=12, color="tab:red", alpha=0.7)
+    right.axvline(1.0, color="0.4", lw=0.8)
+    right.set_xlabel("auto's speedup over plain")
+    right.set_ylabel("prompts")
+    fig.suptitle(result["title"], fontsize=10)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model", help="target checkpoint (default: the demo target)")
+    parser.add_argument("--draft", help="draft checkpoint (default: the demo draft)")
+    parser.add_argument("--prompts", type=int, default=24)
+    parser.add_argument("--prompt-tokens", type=int, default=64)
+    parser.add_argument("--tokens", type=int, default=256)
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--threads", type=int, help="torch intra-op threads (default: torch's)")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--out", required=True)
+    parser.add_argument("--plot")
+    parser.add_argument("--force", action="store_true")
+    args = parser.parse_args(argv)
+    for path in filter(None, (args.out, args.plot)):
+        check_writable(path, force=args.force)
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    target_dir, draft_dir = demo_paths()
+    target_dir, draft_dir = args.model or target_dir, args.draft or draft_dir
+    target, tokenizer = load_model(target_dir, dtype="bf16")
+    draft, _ = load_model(draft_dir, dtype="bf16")
+    prompts = prompts_from_held_out(tokenizer, args.prompts, args.prompt_tokens, args.seed)
+    arms = make_arms(target, draft, draft_dir, tokenizer, args.tokens)
+    for run in arms.values():  # the same warm-up for every arm
+        run(prompts[0]["ids"], 16)
+    rng = random.Random(args.seed)
+    rounds = []
+    settings = {
+        "tokens": args.tokens,
+        "prompt_tokens": args.prompt_tokens,
+        "repeats": args.repeats,
+        "dtype": "bf16",
+        "greedy": True,
+        "kernel": "auto",
+        "arms": list(arms),
+        "seed": args.seed,
+    }
+    started = time.time()
+    for repeat in range(args.repeats):
+        round_ = []
+        for i, prompt in enumerate(prompts):
+            order = list(arms)
+            rng.shuffle(order)
+            runs = {}
+            for arm in order:
+                records = arms[arm](prompt["ids"], args.tokens)
+                runs[arm] = {
+                    "tps": summarize(records)["tokens_per_second"],
+                    "tokens": [t for r in records for t in r.tokens],
+                    "drafters": {
+                        str(name): sum(r.drafter == name for r in records[1:])
+                        for name in ("model", "lookup", None)
+                    },
+                }
+            plain_tokens = runs["plain"]["tokens"]
+            for run in runs.values():
+                run["same"] = run["tokens"] == plain_tokens
+            for run in runs.values():
+                del run["tokens"]
+            round_.append(runs)
+            print(
+                f"round {repeat + 1}/{args.repeats} prompt {i + 1}/{len(prompts)}: auto "
+                f"{runs['auto']['tps'] / runs['plain']['tps']:.2f}x plain "
+                f"({time.time() - started:.0f} s)",
+                file=sys.stderr,
+                flush=True,
+            )
+        rounds.append(round_)
+        result = {
+            "title": f"{describe(target_dir)} drafted by {describe(draft_dir)}: "
+            f"{len(prompts)} held-out prompts, {args.tokens} tokens, {repeat + 1} rounds",
+            "machine": machine(),
+            "settings": settings,
+            "rounds_done": repeat + 1,
+            **summarise(prompts, arms, rounds),
+        }
+        write_json(args.out, result, force=True if repeat else args.force)
+    if args.plot:
+        plot(result, Path(args.plot))
+    print(result["scores"])
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
