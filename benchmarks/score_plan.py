@@ -6,7 +6,8 @@
     python benchmarks/score_plan.py plan-dir/plan.json verify.json sweep.json --out score.json
 
 The rules are fixed in moespec/calibrate/score.py before any run is scored; each prints as
-holds or fails, for each prediction version of the plan.
+holds or fails, for each prediction version of the plan, and beside them the noise floor: the
+k* and loss rules with k* from the sweep's own measured V(k).
 """
 
 import argparse
@@ -14,7 +15,7 @@ import json
 import sys
 from pathlib import Path
 
-from moespec.calibrate.score import score
+from moespec.calibrate.score import noise_floor, score
 from moespec.files import write_json
 
 
@@ -41,6 +42,13 @@ def main(argv=None) -> int:
         print(f"{version}:")
         for name, (holds, detail) in rules.items():
             print(f"  {name:32s} {'holds' if holds else 'fails'}  ({detail})")
+    floor = noise_floor(sweep)
+    results["noise_floor"] = {
+        name: {"holds": holds, "detail": detail} for name, (holds, detail) in floor.items()
+    }
+    print("noise floor (k* from the sweep's own measured V(k)):")
+    for name, (holds, detail) in floor.items():
+        print(f"  {name:32s} {'holds' if holds else 'fails'}  ({detail})")
     if args.out:
         write_json(args.out, results, force=args.force)
     return 0

@@ -1,5 +1,8 @@
 """The scoring rules of seed 000 Table 8 on hand-made inputs."""
 
+import numpy as np
+
+from moespec.calibrate.predict import Prediction
 from moespec.calibrate.score import (
     measured_crossover,
     rule_best_draft_length,
@@ -7,7 +10,10 @@ from moespec.calibrate.score import (
     rule_sign,
     rule_speedup,
     rule_verify_time,
+    saving_interval,
+    score,
 )
+from moespec.costmodel import best_draft_length, expected_tokens
 
 
 def test_crossover_rule_counts_a_crossover_at_the_last_n_as_none():
@@ -53,3 +59,161 @@ def test_speedup_rule_uses_bound_21():
     assert rule_speedup(step_times, sweep, 0.01)[0]
     sweep["0.9"]["tokens_per_second"]["1"] = 10.5
     assert not rule_speedup(step_times, sweep, 0.01)[0]
+
+
+# --- Table 8's thresholds, each pinned on both sides --------------------------------------
+
+
+def test_crossover_rule_accepts_a_measured_crossover_at_n_max_for_a_predicted_none_only():
+    assert rule_crossover(None, 9, 9)[0]
+    assert not rule_crossover(9, None, 9)[0]  # the other way round is not in Table 8
+    assert not rule_crossover(7, None, 9)[0]
+    assert rule_crossover(3, 4, 9)[0] and rule_crossover(5, 4, 9)[0]
+    assert not rule_crossover(2, 4, 9)[0] and not rule_crossover(6, 4, 9)[0]
+
+
+def test_verify_time_rule_holds_at_15_percent_and_not_beyond():
+    measured = {"slot": [1.0, 100.0], "dedup": [1.0, 100.0]}
+    assert rule_verify_time({"slot": [1.0, 114.9], "dedup": [1.0, 100.0]}, measured)[0]
+    assert not rule_verify_time({"slot": [1.0, 115.1], "dedup": [1.0, 100.0]}, measured)[0]
+    assert not rule_verify_time({"slot": [1.0, 100.0], "dedup": [1.0, 84.9]}, measured)[0]
+
+
+def sweep_with_best(best_by_acceptance, loss=0.1):
+    """A sweep whose measured best draft length is given per acceptance; every other k is
+    10% slower, and k = 2 (the prediction below) loses `loss` where it is not the best."""
+    sweep = {}
+    for a, best in best_by_acceptance.items():
+        rates = {str(k): 90.0 for k in range(9)}
+        rates[str(best)] = 100.0
+        if best != 2:
+            rates["2"] = 100.0 * (1 - loss)
+        sweep[str(a)] = {"tokens_per_second": rates}
+    return sweep
+
+
+def test_best_draft_length_rule_needs_9_of_11_within_one():
+    steps = [1.0, 1.0 + 1e-3, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0, 8.0]  # k_hat* = 1 at a >= 0.2
+    acceptances = [0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.85, 0.9, 0.95, 0.98]
+    nine = dict.fromkeys(acceptances[:9], 2) | dict.fromkeys(acceptances[9:], 5)
+    eight = dict.fromkeys(acceptances[:8], 2) | dict.fromkeys(acceptances[8:], 5)
+    assert rule_best_draft_length(steps, sweep_with_best(nine))[0] == (True, "9 of 11")
+    assert rule_best_draft_length(steps, sweep_with_best(eight))[0] == (False, "8 of 11")
+
+
+def test_throughput_loss_rule_holds_at_6_percent_and_not_beyond():
+    steps = [1.0, 1.0 + 1e-3, 1.0 + 2e-3, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0]  # k_hat* = 2
+    assert best_draft_length(steps, 0.9) == 2
+    assert rule_best_draft_length(steps, sweep_with_best({0.9: 5}, loss=0.059))[1][0]
+    assert not rule_best_draft_length(steps, sweep_with_best({0.9: 5}, loss=0.061))[1][0]
+
+
+def test_sign_rule_uses_a_95_percent_interval():
+    # The saving's bootstrap distribution is mostly positive: a 50% interval excludes 0, the
+    # 95% interval does not, so the rule must not check this n.
+    # (3 of 9 slot samples below the dedup time: the median falls below it in ~15% of draws)
+    samples = {("slot", 2): [1.0] * 3 + [1.3] * 6, ("dedup", 2): [1.2] * 9}
+    low, high = saving_interval(samples[("slot", 2)], samples[("dedup", 2)], seed=2)
+    assert low < 0 < high
+    fifty = np.percentile(
+        [
+            np.median(np.random.default_rng(i).choice(samples[("slot", 2)], 7)) - 1.2
+            for i in range(2000)
+        ],
+        [25, 75],
+    )
+    assert fifty[0] > 0  # a 50% interval would check it
+    assert rule_sign([0.0, -1.0], samples, "dedup") == (True, "0 of 0")
+
+
+def test_speedup_rule_fails_where_bound_21_is_undefined():
+    holds, detail = rule_speedup([1.0, 1.5], {"0.9": {"tokens_per_second": {"0": 1, "1": 2}}}, 1.0)
+    assert not holds and "undefined" in detail
+
+
+# --- score() and the scoring script, end to end --------------------------------------------
+
+
+def made_plan(verify_slot, verify_dedup, draft_time):
+    prediction = Prediction(
+        verify={"slot": np.array(verify_slot), "dedup": np.array(verify_dedup)},
+        expert_time={"slot": np.array(verify_slot) / 2, "dedup": np.array(verify_dedup) / 2},
+        bandwidth_error=0.02,
+        draft_time=np.array(draft_time),
+    )
+    return {
+        "predictions": {version: prediction.to_dict() for version in VERSIONS},
+        "kernel": {"crossover": prediction.crossover(), "dedup_kernel": "dedup"},
+        "draft_time": list(draft_time),
+    }
+
+
+VERSIONS = ("prediction", "measured_time", "calibrated")
+SLOT = [1.0 + 0.3 * (n - 1) for n in range(1, 10)]  # ms, n = 1..9
+DEDUP = [1.0 + 0.2 * (n - 1) + (0.25 if n <= 2 else 0.0) for n in range(1, 10)]  # faster from 3
+
+
+def measured_run(slot, dedup, spread=0.01):
+    """measure-verify records: 9 samples per kernel and n around the given times."""
+    offsets = [spread * (i - 4) / 4 for i in range(9)]
+    return [
+        {"kernel": kernel, "n_tokens": n, "seconds": [t * (1 + o) for o in offsets]}
+        for kernel, times in (("slot", slot), ("dedup", dedup))
+        for n, t in enumerate(times, 1)
+    ]
+
+
+def oracle_sweep(step_times):
+    """Tokens/s per acceptance and k from step times, as a perfect oracle sweep measures."""
+    acceptances = (0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.85, 0.9, 0.95, 0.98)
+    return {
+        "step_times": list(step_times),
+        "by_acceptance": {
+            str(a): {
+                "tokens_per_second": {
+                    str(k): float(expected_tokens(a, k)) / step_times[k] for k in range(9)
+                }
+            }
+            for a in acceptances
+        },
+    }
+
+
+def test_score_passes_a_plan_that_predicts_its_runs_and_fails_one_that_does_not():
+    plan = made_plan(SLOT, DEDUP, [0.0] * 9)
+    truth = [min(s, d) for s, d in zip(SLOT, DEDUP, strict=True)]
+    rules = score(plan, measured_run(SLOT, DEDUP), oracle_sweep(truth[:9]))
+    assert all(holds for holds, _ in rules.values()), rules
+    assert rules["crossover within one"][1] == "3 / 3"
+
+    slow = [1.3 * t for t in SLOT]  # the engine is 30% slower than planned
+    off = score(plan, measured_run(slow, [1.3 * t for t in DEDUP]), oracle_sweep(truth[:9]))
+    assert not off["verify time within 15%"][0]
+    assert off["verify time within 15%"][1] == "23.1%"  # 1 - 1/1.3 of the measured time
+
+
+def test_scoring_script_writes_every_rule_and_the_noise_floor(tmp_path, capsys):
+    import json
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
+    import score_plan
+
+    plan = made_plan(SLOT, DEDUP, [0.0] * 9)
+    truth = [min(s, d) for s, d in zip(SLOT, DEDUP, strict=True)]
+    paths = {name: tmp_path / f"{name}.json" for name in ("plan", "verify", "sweep")}
+    paths["plan"].write_text(json.dumps(plan))
+    paths["verify"].write_text(json.dumps({"records": measured_run(SLOT, DEDUP)}))
+    paths["sweep"].write_text(json.dumps(oracle_sweep(truth)))
+    out = tmp_path / "score.json"
+    argv = [str(paths[n]) for n in ("plan", "verify", "sweep")] + ["--out", str(out)]
+    assert score_plan.main(argv) == 0
+    result = json.loads(out.read_text())
+    assert set(result) == {*VERSIONS, "noise_floor"}
+    assert all(rule["holds"] for rule in result["calibrated"].values())
+    assert result["noise_floor"]["k* within one at >= 9 of 11"] == {
+        "holds": True,
+        "detail": "11 of 11",
+    }
+    assert "noise floor" in capsys.readouterr().out
