@@ -1,6 +1,9 @@
 """The `moespec generate` command on a tiny checkpoint."""
 
 import json
+import statistics
+
+import pytest
 
 from moespec.cli import main
 
@@ -74,7 +77,15 @@ def test_speculative_json_reports_drafts_and_plain_speedup(checkpoint_dir, capsy
     result = json.loads(capsys.readouterr().out)
     assert code == 0
     assert result["same_tokens_as_plain"] is True
-    assert result["speedup"] > 0 and result["plain_tokens_per_second"] > 0
+    rounds = result["compare"]["rounds"]
+    assert len(rounds) == 3 and all(r["same_tokens"] for r in rounds)
+    for r in rounds:  # each round's ratio is its own two arms' tokens/s
+        assert r["ratio"] == pytest.approx(r["tokens_per_second"] / r["plain_tokens_per_second"])
+    assert result["speedup"] == pytest.approx(statistics.median(r["ratio"] for r in rounds))
+    assert result["compare"]["speedup_range"] == [
+        min(r["ratio"] for r in rounds),
+        max(r["ratio"] for r in rounds),
+    ]
     decode = [s for s in result["steps"] if s["phase"] == "decode"]
     assert decode[0]["draft_length"] == 3  # later steps are capped by the token budget
     assert all(s["draft_length"] <= 3 for s in decode)

@@ -121,3 +121,45 @@ def test_ten_percent_bandwidth_error_moves_speedup_by_at_most_25_percent_c7():
     assert step_time_error(F(1, 10)) == F(1, 9)
     assert speedup_error_factor(F(1, 10)) == F(5, 4)
     assert speedup_bounds(step_time_error(F(1, 10)))[1] == F(5, 4)
+
+
+# Exact values and the worst case e = -epsilon: each bound is the formula of Table 2 and is
+# reached (or, for (18), exceeds the worst corner), so a bound made too small fails here.
+
+
+def test_verify_time_bound_17_is_reached_at_e_minus_epsilon():
+    expert, bandwidth, dense, dense_bw, epsilon = F(6), F(3), F(2), F(4), F(1, 10)
+    true = verify_time(expert, bandwidth, pass_dense_bytes=dense, dense_bandwidth=dense_bw)
+    worst = verify_time(
+        expert,
+        bandwidth * (1 - epsilon),
+        pass_dense_bytes=dense,
+        dense_bandwidth=dense_bw * (1 - epsilon),
+    )
+    memory = dense / dense_bw + expert / bandwidth  # 5/2
+    assert verify_time_bound(memory, epsilon) == F(1, 9) * F(5, 2)
+    assert worst - true == verify_time_bound(memory, epsilon)
+
+
+def test_saving_bound_18_covers_the_worst_corner_of_both_kernels():
+    slot_time, dedup_time, epsilon = F(3), F(2), F(1, 5)
+    assert saving_bound(slot_time, dedup_time, epsilon) == F(1, 4) * 5
+    # The saving moves most when the two kernels' errors pull apart: slot at -eps, dedup +eps.
+    moved = slot_time / (1 - epsilon) - slot_time - (dedup_time / (1 + epsilon) - dedup_time)
+    assert moved == F(3, 4) + F(1, 3)
+    assert moved <= saving_bound(slot_time, dedup_time, epsilon)
+    assert moved > epsilon / (1 - epsilon) * slot_time  # a bound of one kernel's term is short
+
+
+def test_loss_and_speedup_bounds_20_21_are_their_formulas():
+    delta = F(1, 10)
+    assert throughput_loss_bound(delta) == F(2, 11)
+    assert speedup_bounds(delta) == (F(9, 11), F(11, 9))
+
+
+def test_step_time_error_c7_is_reached_at_e_minus_epsilon():
+    epsilon = F(1, 10)
+    terms = [(F(3), F(2)), (F(5), F(7))]
+    true = sum(b / bw for b, bw in terms)
+    worst = sum(b / (bw * (1 - epsilon)) for b, bw in terms)
+    assert worst == (1 + step_time_error(epsilon)) * true

@@ -37,11 +37,25 @@ def test_demo_pair_is_a_qwen3_moe_target_and_a_dense_draft_sharing_a_tokenizer(p
     assert sizes <= 40e6
 
 
-def test_demo_generates_python(pair):
+@pytest.mark.parametrize(
+    "prompt",
+    ["def fibonacci(n):", "import os\n\ndef main():", "class Stack:\n    def push(self, x):"],
+)
+def test_demo_continues_a_python_header_with_an_indented_body(pair, prompt):
+    # What a user sees first: after a def or class header, the next line is indented code
+    # made of Python tokens, not noise.
+    import keyword
+    import re
+
     (target, tokenizer), _ = pair
-    prompt = tokenizer.encode("def fibonacci(n):")
-    text = tokenizer.decode([t for r in generate(target, prompt, max_tokens=24) for t in r.tokens])
-    assert len(text.strip()) > 0
+    ids = tokenizer.encode(prompt)
+    text = tokenizer.decode([t for r in generate(target, ids, max_tokens=32) for t in r.tokens])
+    indent = len(prompt.splitlines()[-1]) - len(prompt.splitlines()[-1].lstrip())
+    first = text.split("\n")[1] if text.startswith("\n") else ""
+    assert first.startswith(" " * (indent + 4)), repr(text)
+    words = re.findall(r"[A-Za-z_]+", text)
+    assert '"""' in text or any(keyword.iskeyword(w) for w in words), repr(text)  # doc or code
+    assert text.isascii() and all(c.isprintable() or c in "\n\t" for c in text), repr(text)
 
 
 @pytest.mark.parametrize("k", [1, 3, 8, "auto"])

@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from moespec.kernels import KERNELS, ExpertWeights, get_kernel
+from moespec.kernels.linear import PackedWeight, pack
 
 HIDDEN, INTER = 48, 24
 TOLERANCE = {torch.float32: 2e-5, torch.bfloat16: 2e-2}
@@ -29,20 +30,31 @@ GRID = [
 ]
 
 
-# dedup-linear refuses packed weights (test_dedup_linear_refuses_packed_experts).
+def packs_bf16() -> bool:
+    """Whether oneDNN packs bf16 weights on this CPU (it needs AVX-512 BF16 or AMX)."""
+    return isinstance(pack(torch.zeros(16, 16, dtype=torch.bfloat16)), PackedWeight)
+
+
+NO_BF16_PACKING = "oneDNN does not pack bf16 weights on this CPU (no AVX-512 BF16/AMX)"
+
+# Packed cases are bf16 only: fp32 experts this small are never packed (below 1 MiB;
+# test_kernels_on_packed_fp32_experts_match_reference packs larger ones), and dedup-linear
+# refuses packed weights (test_dedup_linear_refuses_packed_experts).
 KERNEL_WEIGHTS = [
-    (kernel, packed)
+    (kernel, dtype, packed)
     for kernel in sorted(set(KERNELS) - {"reference"})
-    for packed in (False, True)
+    for dtype, packed in ((torch.float32, False), (torch.bfloat16, False), (torch.bfloat16, True))
     if not (packed and kernel == "dedup-linear")
 ]
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
 @pytest.mark.parametrize(
-    "kernel, packed",
+    "kernel, dtype, packed",
     KERNEL_WEIGHTS,
-    ids=[f"{k}-{'packed' if p else 'dense'}" for k, p in KERNEL_WEIGHTS],
+    ids=[
+        f"{k}-{'fp32' if d == torch.float32 else 'bf16'}-{'packed' if p else 'dense'}"
+        for k, d, p in KERNEL_WEIGHTS
+    ],
 )
 @pytest.mark.parametrize("n, top_k, num_experts, kind", GRID)
 def test_kernel_matches_reference(kernel, dtype, n, top_k, num_experts, kind, packed):
@@ -56,7 +68,9 @@ def test_kernel_matches_reference(kernel, dtype, n, top_k, num_experts, kind, pa
     weights = torch.softmax(torch.randn(n, top_k, generator=generator), -1)
     expected = KERNELS["reference"](x.float(), ids, weights, experts.to(torch.float32))
     if packed:
-        experts.pack()
+        if not packs_bf16():
+            pytest.skip(NO_BF16_PACKING)
+        assert experts.pack().is_packed
     got = get_kernel(kernel)(x, ids, weights, experts)
     assert got.dtype == dtype and got.shape == x.shape
     scale = expected.abs().max().item()
@@ -98,6 +112,8 @@ def test_kernels_on_packed_fp32_experts_match_reference(kernel):
 
 
 def test_packing_keeps_the_weights_exactly():
+    if not packs_bf16():
+        pytest.skip(NO_BF16_PACKING)
     generator = torch.Generator().manual_seed(1)
     experts = ExpertWeights(
         torch.randn(3, 16, 12, generator=generator).bfloat16(),
@@ -113,8 +129,23 @@ def test_packing_keeps_the_weights_exactly():
 
 
 def test_dedup_linear_refuses_packed_experts():
+    if not packs_bf16():
+        pytest.skip(NO_BF16_PACKING)
     experts = ExpertWeights(torch.randn(2, 8, 6).bfloat16(), torch.randn(2, 6, 4).bfloat16()).pack()
     with pytest.raises(ValueError, match="needs unpacked expert weights"):
         get_kernel("dedup-linear")(
             torch.randn(1, 6).bfloat16(), torch.tensor([[0]]), torch.ones(1, 1), experts
         )
+
+
+def test_without_bf16_packing_the_weights_stay_dense_and_the_kernels_run():
+    # The fallback of a CPU without bf16 packing: pack() keeps the ordinary tensor, and the
+    # experts stay unpacked (on a CPU that packs, this checks the same call the other way).
+    weight = torch.randn(16, 16).bfloat16()
+    packed = pack(weight)
+    experts = ExpertWeights(torch.randn(2, 8, 6).bfloat16(), torch.randn(2, 6, 4).bfloat16())
+    assert experts.pack().is_packed == packs_bf16()
+    if not packs_bf16():
+        assert packed is weight
+    x, ids = torch.randn(1, 6).bfloat16(), torch.tensor([[1]])
+    assert get_kernel("slot")(x, ids, torch.ones(1, 1), experts).shape == (1, 6)
