@@ -1,12 +1,12 @@
 import pytest
 from hypothesis import settings
 
+from tests.checkpoints import FAMILIES, hf_model, save_checkpoint
+
 # Property tests are judged by their assertions, not their speed: a loaded 2-core machine
 # makes single examples slow, and a deadline would fail them for it.
 settings.register_profile("moespec", deadline=None)
 settings.load_profile("moespec")
-
-from tests.checkpoints import FAMILIES, hf_model, save_checkpoint
 
 
 @pytest.fixture(scope="session")
