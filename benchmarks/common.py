@@ -75,7 +75,8 @@ def machine() -> dict:
 
 
 def random_checkpoint(shape: str, directory: Path, layers: int | None = None) -> Path:
-    """A bf16 checkpoint of random weights written by transformers (reused if present)."""
+    """A bf16 checkpoint of random weights written by transformers (reused if present), with a
+    real text tokenizer (`write_text_tokenizer`)."""
     import transformers
 
     settings = dict(SHAPES[shape])
@@ -84,6 +85,8 @@ def random_checkpoint(shape: str, directory: Path, layers: int | None = None) ->
     model_type = settings.pop("model_type")
     target = directory / f"{shape}-{settings['num_hidden_layers']}L"
     if (target / "config.json").exists():
+        if not has_text_tokenizer(target):  # written before checkpoints had one
+            write_text_tokenizer(target)
         return target
     config = transformers.AutoConfig.for_model(model_type, **settings)
     torch.manual_seed(0)
@@ -94,15 +97,32 @@ def random_checkpoint(shape: str, directory: Path, layers: int | None = None) ->
                 param.normal_(0, 0.02)  # routers start at zero; give them real logits
     tmp = directory / f".{target.name}.tmp"
     model.save_pretrained(tmp)
-    write_byte_tokenizer(tmp, settings["vocab_size"])
+    write_text_tokenizer(tmp)
     tmp.rename(target)
     return target
 
 
-def write_byte_tokenizer(directory: Path, vocab_size: int) -> None:
-    from tokenizers import Tokenizer, models, pre_tokenizers
+def write_text_tokenizer(directory: Path) -> None:
+    """The demo pair's byte-level BPE (4,096 tokens, trained on the standard library's
+    training files), so that text becomes a real token stream and routes as text does: a
+    random-weight model of a real shape then sees the same workload in its trace, its
+    benchmark windows and its verify passes. Ids stay below 4,096, within every shape's
+    vocabulary."""
+    import json
+    import shutil
 
-    vocab = {f"t{i}": i for i in range(vocab_size)}
-    tokenizer = Tokenizer(models.WordLevel(vocab, unk_token="t0"))
-    tokenizer.pre_tokenizer = pre_tokenizers.Whitespace()
-    tokenizer.save(str(directory / "tokenizer.json"))
+    from moespec.demo import demo_paths
+
+    vocab = json.loads((directory / "config.json").read_text())["vocab_size"]
+    if vocab < 4096:
+        raise ValueError(
+            f"{directory}: a vocabulary of {vocab} is too small for the text tokenizer"
+        )
+    shutil.copy(demo_paths()[0] / "tokenizer.json", directory / "tokenizer.json")
+
+
+def has_text_tokenizer(directory: Path) -> bool:
+    import json
+
+    path = directory / "tokenizer.json"
+    return path.exists() and json.loads(path.read_text())["model"]["type"] == "BPE"

@@ -20,6 +20,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import SHAPES, machine, random_checkpoint  # noqa: E402
 
+from moespec.calibrate.plan import verify_documents  # noqa: E402
 from moespec.costmodel import best_draft_length  # noqa: E402
 from moespec.decoding import (  # noqa: E402
     DraftLengthPolicy,
@@ -31,6 +32,7 @@ from moespec.decoding import (  # noqa: E402
 from moespec.decoding.setup import greedy_reference  # noqa: E402
 from moespec.files import atomic_path, write_json  # noqa: E402
 from moespec.models import load_model  # noqa: E402
+from moespec.routing.record import tokenize_documents  # noqa: E402
 
 ACCEPTANCES = (0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.85, 0.9, 0.95, 0.98)
 
@@ -80,9 +82,11 @@ def main(argv=None) -> int:
     if args.model is None:
         args.cache_dir.mkdir(parents=True, exist_ok=True)
         args.model = random_checkpoint(args.shape, args.cache_dir, args.layers)
-    model, _ = load_model(args.model, dtype=args.dtype)
+    model, tokenizer = load_model(args.model, dtype=args.dtype)
     kernels = KernelPolicy(args.kernel, args.crossover)
-    prompt = list(range(1, 17))
+    # A text prompt (held-out, test part): the sweep runs the workload the plan's trace saw.
+    text = tokenize_documents(tokenizer, verify_documents(1))
+    prompt = next(ids for _, ids in text)[:16]
     reference = greedy_reference(model, prompt, args.tokens, kernels)
     k_max = args.max_draft_length
 

@@ -88,6 +88,27 @@ def write_tokenizer(directory: Path, vocab_size: int) -> None:
     tokenizer.save(str(directory / "tokenizer.json"))
 
 
+def write_text_tokenizer(directory: Path, vocab_size: int) -> None:
+    """A word-level tokenizer.json whose words are the most frequent of the embedded corpus's
+    held-out text (the rest one unknown id), so that text becomes varied ids as it would with
+    a real tokenizer: for tests that record routing from text."""
+    from collections import Counter
+
+    from tokenizers import Tokenizer, models, pre_tokenizers
+
+    from moespec.demo.corpus import held_out_documents
+
+    split = pre_tokenizers.Whitespace()
+    counts = Counter(
+        word for doc in held_out_documents(8, 20000) for word, _ in split.pre_tokenize_str(doc.text)
+    )
+    vocab = {word: i for i, (word, _) in enumerate(counts.most_common(vocab_size - 1))}
+    vocab["<unk>"] = vocab_size - 1
+    tokenizer = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
+    tokenizer.pre_tokenizer = split
+    tokenizer.save(str(directory / "tokenizer.json"))
+
+
 def save_checkpoint(model, directory: Path, **save_kwargs) -> Path:
     directory.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(directory, **save_kwargs)

@@ -72,8 +72,21 @@ def test_bench_refuses_a_file_of_other_settings(tmp_path):
 
 
 @pytest.fixture(scope="module")
-def plan_dir(checkpoint_dir, tmp_path_factory):
-    directory, _ = checkpoint_dir("qwen3_moe")
+def text_checkpoint(checkpoint_dir, tmp_path_factory):
+    """The tiny Qwen3-MoE with a tokenizer that reads text (plan records routing from text)."""
+    import shutil
+
+    from tests.checkpoints import write_text_tokenizer
+
+    directory = tmp_path_factory.mktemp("qwen3_moe_text") / "model"
+    shutil.copytree(checkpoint_dir("qwen3_moe")[0], directory)
+    write_text_tokenizer(directory, 96)
+    return directory
+
+
+@pytest.fixture(scope="module")
+def plan_dir(text_checkpoint, tmp_path_factory):
+    directory = text_checkpoint
     out = tmp_path_factory.mktemp("plan")
     settings = BenchSettings(
         pass_sizes=(1, 2, 3, 4), chosen_levels=3, repeats=2, warmup=1, flush_bytes=0
@@ -192,8 +205,16 @@ def test_plan_refuses_to_overwrite_without_force(plan_dir, capsys):
     assert code == 2 and "--force" in capsys.readouterr().err
 
 
-def test_force_restarts_the_benchmark_instead_of_resuming_it(checkpoint_dir, tmp_path):
+def test_plan_refuses_a_model_whose_tokenizer_turns_text_into_one_token(checkpoint_dir, tmp_path):
+    # The tests' word-level tokenizer knows no stdlib word: every token is the unknown id.
     directory, _ = checkpoint_dir("qwen3_moe")
+    with pytest.raises(ValueError, match="degenerate"):
+        make_plan(tmp_path, model_dir=directory, dtype="fp32", progress=False)
+    assert not (tmp_path / "plan.json").exists()
+
+
+def test_force_restarts_the_benchmark_instead_of_resuming_it(text_checkpoint, tmp_path):
+    directory = text_checkpoint
     settings = BenchSettings(pass_sizes=(1, 2), chosen_levels=2, repeats=1, warmup=0, flush_bytes=0)
     options = dict(
         model_dir=directory,

@@ -10,6 +10,7 @@ from hypothesis import strategies as st
 
 from moespec.costmodel import best_draft_length, byte_share, mean_reuse, union_from_reuse
 from moespec.routing.reuse import (
+    check_not_degenerate,
     document_part,
     document_statistics,
     estimate,
@@ -252,3 +253,53 @@ def test_an_empty_part_is_refused():
     trace = make_trace({"doc-0": [0, 1]}, num_experts=2)
     with pytest.raises(ValueError, match="no document of the trace falls in the fit part"):
         split_trace(trace, "fit")
+
+
+def test_a_trace_of_one_repeated_token_is_refused_as_degenerate():
+    # What a word-level tokenizer that maps every word to one id records: the same two experts
+    # in every layer for every token.
+    one_token = [[[3, 5], [1, 2]]] * 40
+    with pytest.raises(ValueError, match="degenerate.*real tokenizer"):
+        check_not_degenerate(make_trace({"a": one_token, "b": one_token}, 8), "model-x")
+
+
+def test_a_trace_whose_experts_vary_passes_the_degeneracy_check():
+    varied = [[[t % 8, (t + 1) % 8]] for t in range(40)]
+    check_not_degenerate(make_trace({"a": varied}, 8), "model-x")
+    # A document boundary is not a pair: two documents, each one repeated set, differ.
+    same = [[[1, 2]]] * 20
+    other = [[[3, 4]]] * 20
+    with pytest.raises(ValueError, match="rho\\(2\\) = 1.000"):
+        check_not_degenerate(make_trace({"a": same, "b": other}, 8), "model-x")
+
+
+def test_demo_text_through_the_benchmark_tokenizer_is_not_degenerate(tmp_path):
+    # Benchmark checkpoints of real shapes carry the demo's byte-level BPE: held-out text
+    # becomes varied ids and routes as text does.
+    import sys
+    from pathlib import Path
+
+    import torch
+    import transformers
+
+    from moespec.demo.corpus import held_out_documents
+    from moespec.models import load_model
+    from moespec.routing.record import record_trace
+    from tests.checkpoints import FAMILIES
+
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
+    from common import has_text_tokenizer, write_text_tokenizer
+
+    settings = dict(FAMILIES["olmoe"], vocab_size=4096, num_hidden_layers=1)
+    torch.manual_seed(0)
+    model = transformers.AutoModelForCausalLM.from_config(
+        transformers.AutoConfig.for_model("olmoe", **settings)
+    )
+    model.save_pretrained(tmp_path)
+    assert not has_text_tokenizer(tmp_path)
+    write_text_tokenizer(tmp_path)
+    assert has_text_tokenizer(tmp_path)
+    engine, tokenizer = load_model(tmp_path, dtype="fp32")
+    trace = record_trace(engine, tokenizer, held_out_documents(2, 2000))
+    assert len(np.unique(trace.expert_ids[:, 0], axis=0)) > 4
+    check_not_degenerate(trace, str(tmp_path))

@@ -11,6 +11,7 @@ fits on a synthetic trace fitted to the published reuse; the plan then holds the
 operation's crossover and bandwidths (there is no whole model to measure).
 """
 
+import itertools
 import json
 import time
 from dataclasses import asdict
@@ -35,7 +36,13 @@ from moespec.calibrate.verify import measure_draft_time, measure_verify, verify_
 from moespec.demo import describe
 from moespec.files import write_json
 from moespec.kernels import ExpertWeights
-from moespec.routing.reuse import document_statistics, estimate, split_trace
+from moespec.routing.reuse import (
+    check_not_degenerate,
+    document_part,
+    document_statistics,
+    estimate,
+    split_trace,
+)
 from moespec.routing.trace import RoutingTrace
 
 PLAN_FORMAT = "moespec-plan/1"
@@ -47,6 +54,17 @@ def stdlib_documents(count: int = 24, max_chars: int = 6000):
     from moespec.demo.corpus import held_out_documents
 
     return held_out_documents(count, max_chars)
+
+
+def verify_documents(count: int = 4, max_chars: int = 20000):
+    """Held-out files of the test part (`document_part`) for whole-model verify times: never
+    in the fit part that U(n) and the benchmark windows come from."""
+    from moespec.demo.corpus import held_out_documents
+
+    documents = (
+        d for d in held_out_documents(max_chars=max_chars) if document_part(d.name) == "test"
+    )
+    return list(itertools.islice(documents, count))
 
 
 def model_signature(config) -> dict:
@@ -166,7 +184,9 @@ def make_plan(
             raise ValueError(f"{trace_path} was not recorded from this model's routing")
     else:
         trace = record_trace(model, tokenizer, stdlib_documents())
-    text = [t for _, ids in tokenize_documents(tokenizer, stdlib_documents(4, 20000)) for t in ids]
+    check_not_degenerate(trace, str(trace_path or model_dir))
+    # U(n) from the trace's fit documents, verify times on test documents (kept disjoint).
+    text = [t for _, ids in tokenize_documents(tokenizer, verify_documents()) for t in ids]
 
     windows_ids = windows_by_layer(trace, layers, settings.pass_sizes, windows, settings.seed)
     measured = bench_and_fit(
@@ -183,7 +203,8 @@ def make_plan(
     epsilon = max(e for e in errors.values() if e is not None)
 
     max_n = max(settings.pass_sizes)
-    routing = estimate(document_statistics(trace, max_n), bootstrap=0)
+    fit_trace = split_trace(trace, "fit") if trace.num_documents > 1 else trace
+    routing = estimate(document_statistics(fit_trace, max_n), bootstrap=0)
     expert_bytes = [model.moe_blocks[layer].experts.bytes_per_expert for layer in moe_layers]
     fitted_times = times_from_fits(fits, routing.union, expert_bytes, config.top_k)
     measured_times = times_from_measurements(records, moe_layers, max_n)

@@ -323,3 +323,24 @@ def reuse_report(
         uniform=uniform_curves(trace.num_experts, trace.top_k, max_n),
         **settings,
     )
+
+
+def check_not_degenerate(trace: RoutingTrace, source: str) -> None:
+    """Refuse a trace in which text does not route as text: consecutive tokens always on the
+    same experts (rho_hat(2) = 1) or one expert set in every window, as when a tokenizer maps
+    every word to one id. Predictions from such a trace describe another workload."""
+    ids = np.sort(trace.expert_ids, axis=-1)  # [T, L, m]
+    top_k = ids.shape[-1]
+    if len(ids) < 2:
+        raise ValueError(f"{source}: the routing trace has fewer than 2 tokens")
+    same_document = np.ones(len(ids) - 1, dtype=bool)
+    same_document[np.asarray(trace.doc_starts[1:-1]) - 1] = False
+    shared = (ids[:-1, :, :, None] == ids[1:, :, None, :]).any(-1).sum(-1) / top_k  # [T-1, L]
+    reuse = float(shared[same_document].mean()) if same_document.any() else 1.0
+    distinct = max(len(np.unique(ids[:, layer], axis=0)) for layer in range(ids.shape[1]))
+    if reuse >= 1.0 or distinct <= 1:
+        raise ValueError(
+            f"{source}: the routing trace is degenerate (reuse rho(2) = {reuse:.3f}, "
+            f"{distinct} distinct expert set(s) per layer): the text reaches the model as one "
+            "repeated token; give the checkpoint a real tokenizer"
+        )
