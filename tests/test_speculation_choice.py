@@ -123,8 +123,8 @@ def test_an_unused_lookup_proposal_is_scored_against_the_emitted_tokens():
     speculation = Speculation.auto([PromptLookupDrafter()], prior=(1.0, 1.0), forgetting=1.0)
     policy = speculation.policies["lookup"]
     plain_step = Proposal(None, 0, Draft([]), {"lookup": [4, 6, 8]})
-    speculation.observe(plain_step, 0, [4], 1.0, 0.0)  # one position seen, agreed
-    speculation.observe(plain_step, 0, [9], 1.0, 0.0)  # disagreed at once
+    speculation.observe(plain_step, 0, [4], 1.0)  # one position seen, agreed
+    speculation.observe(plain_step, 0, [9], 1.0)  # disagreed at once
     assert (policy.accepted, policy.rejected) == (2.0, 2.0)
 
 

@@ -166,7 +166,7 @@ def generate(
         verify_seconds = time.perf_counter() - verify_start
         kernels.observe(drafted + 1, kernel, verify_seconds)
         if proposal is not None:
-            speculation.observe(proposal, accepted, tokens, verify_seconds, verify_start - start)
+            speculation.observe(proposal, accepted, tokens, verify_seconds)
         tokens = tokens[: max_tokens - emitted]
         context.extend(tokens)
         emitted += len(tokens)

@@ -144,12 +144,10 @@ class Speculation:
         accepted: int,
         emitted: list[int],
         verify_seconds: float,
-        draft_seconds: float,
     ) -> None:
-        """Record a step: the verify time once, the acceptance and draft time of the drafter
-        that ran, and each cheap drafter's unused proposal scored against the emitted tokens.
-        draft_seconds (the whole drafting phase, choice included) is kept for the record; h(k)
-        is the drafter's own `proposal.seconds`."""
+        """Record a step: the verify time once, the acceptance and draft time h(k) (the
+        drafter's own `proposal.seconds`, without the choosing) of the drafter that ran, and
+        each cheap drafter's unused proposal scored against the emitted tokens."""
         drafted = len(proposal.draft.tokens)
         self.verify_times.add(drafted + 1, verify_seconds)
         for name, option in self.options.items():
