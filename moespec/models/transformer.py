@@ -32,7 +32,7 @@ class Transformer:
         self.norm = norm
         self.lm_head = lm_head  # [V, H], the embeddings themselves when tied
         self.dtype = dtype
-        self.rotary = Rotary(config)
+        self.rotary = Rotary(config, dtype)
 
     @property
     def moe_blocks(self) -> dict[int, MoEBlock]:
@@ -70,8 +70,7 @@ class Transformer:
         batch, length = tokens.shape
         start = cache.length
         cache.reserve(length)
-        positions = torch.arange(start, start + length)
-        cos, sin = self.rotary.tables(positions, self.dtype)
+        cos, sin = self.rotary.tables(start, length)
         mask = attention_mask(start, length, self.config.sliding_window)
         eps = self.config.rms_norm_eps
         h = F.embedding(tokens, self.embed)  # [B, T, H]
