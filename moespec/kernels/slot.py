@@ -21,16 +21,18 @@ def slot_experts(
 ) -> torch.Tensor:
     # x: [T, H]; expert_ids, expert_weights: [T, m]
     tokens, top_k = expert_ids.shape
-    inter = experts.intermediate_size
     # slot-major: token t's slots are rows t m .. t m + m - 1
-    pairs = [experts.weights(e) for e in expert_ids.flatten().tolist()]
+    pairs = [experts.weights(e) for row in expert_ids.tolist() for e in row]
     rows = (x,) if tokens == 1 else x.split(1)
     hidden = torch.cat(
         [linear(rows[r // top_k], gate_up) for r, (gate_up, _) in enumerate(pairs)]
     )  # [T m, 2I]
-    act = F.silu(hidden[:, :inter]) * hidden[:, inter:]  # [T m, I]
+    gate, up = hidden.chunk(2, dim=-1)
+    act = F.silu(gate) * up  # [T m, I]
     out = torch.cat(
         [linear(a, down) for a, (_, down) in zip(act.split(1), pairs, strict=True)]
     )  # [T m, H]
-    out = out.view(tokens, top_k, -1)
-    return (out * expert_weights.to(x.dtype).unsqueeze(-1)).sum(dim=1)
+    out = out * expert_weights.to(x.dtype).view(-1, 1)
+    if tokens == 1:
+        return out.sum(dim=0, keepdim=True)
+    return out.view(tokens, top_k, -1).sum(dim=1)

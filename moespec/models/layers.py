@@ -116,11 +116,10 @@ class Attention:
         if c.qk_norm != "projection" and c.clip_qkv is None:
             # q and k side by side: one norm and one rotation for both.
             qkv = qkv.view(batch, tokens, heads + 2 * kv_heads, c.head_dim)
-            qk = qkv[:, :, : heads + kv_heads]
+            qk, v = qkv.split((heads + kv_heads, kv_heads), dim=2)
             if self.qk_norm_weight is not None:
                 qk = rms_norm(qk, self.qk_norm_weight, c.rms_norm_eps)
-            qk = rotate(qk, cos, sin)
-            q, k, v = qk[:, :, :heads], qk[:, :, heads:], qkv[:, :, heads + kv_heads :]
+            q, k = rotate(qk, cos, sin).split((heads, kv_heads), dim=2)
         else:
             q, k, v = self._project_separately(qkv, cos, sin)
         keys, values = cache.update(layer, k.transpose(1, 2), v.transpose(1, 2))  # [B, K, L, D]
@@ -199,6 +198,5 @@ class DenseMLP:
     down: torch.Tensor  # [H, I]
 
     def __call__(self, x: torch.Tensor, **_) -> torch.Tensor:
-        hidden = linear(x, self.gate_up)
-        inter = self.down.shape[1]
-        return linear(F.silu(hidden[..., :inter]) * hidden[..., inter:], self.down)
+        gate, up = linear(x, self.gate_up).chunk(2, dim=-1)
+        return linear(F.silu(gate) * up, self.down)
