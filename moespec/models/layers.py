@@ -62,7 +62,7 @@ class Rotary:
     def __init__(self, config: ModelConfig, dtype: torch.dtype = torch.float32):
         self.inv_freq = rope_inverse_frequencies(config)
         self.dtype = dtype
-        self.cos = self.sin = torch.empty(0, config.head_dim, dtype=dtype)
+        self.cos = self.sin = torch.empty(0, 1, config.head_dim, dtype=dtype)
 
     def tables(self, start: int, tokens: int) -> tuple[torch.Tensor, torch.Tensor]:
         """(cos, sin) [T, 1, D] of positions start .. start + T - 1."""
@@ -74,8 +74,9 @@ class Rotary:
             emb = torch.cat((freqs, freqs), dim=-1)
             sin = emb.sin()
             sin[:, :half] = -sin[:, :half]
-            self.cos, self.sin = emb.cos().to(self.dtype), sin.to(self.dtype)
-        return self.cos[start:needed, None], self.sin[start:needed, None]
+            # [P, 1, D]: broadcast over heads without a per-pass unsqueeze
+            self.cos, self.sin = emb.cos()[:, None].to(self.dtype), sin[:, None].to(self.dtype)
+        return self.cos[start:needed], self.sin[start:needed]
 
 
 def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:

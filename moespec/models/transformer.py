@@ -75,20 +75,13 @@ class Transformer:
             cos, sin = self.rotary.tables(start, length)
             mask = attention_mask(start, length, self.config.sliding_window)
             eps = self.config.rms_norm_eps
-            h = F.embedding(tokens, self.embed)  # [B, T, H]
+            h = F.embedding(tokens, self.embed)  # [B, T, H], a fresh tensor: added to in place
             for i, layer in enumerate(self.layers):
-                h = h + layer.attention(
-                    rms_norm(h, layer.input_norm, eps), i, cache, cos, sin, mask
-                )
-                h = h + layer.mlp(
-                    rms_norm(h, layer.post_attention_norm, eps),
-                    kernel=kernel,
-                    layer=i,
-                    sink=routing_sink,
-                    offload=offload,
-                )
+                h += layer.attention(rms_norm(h, layer.input_norm, eps), i, cache, cos, sin, mask)
+                x = rms_norm(h, layer.post_attention_norm, eps)
+                h += layer.mlp(x, kernel=kernel, layer=i, sink=routing_sink, offload=offload)
             cache.advance(length)
-            if not all_logits:
+            if not all_logits and length > 1:
                 h = h[:, -1:]
             return linear(rms_norm(h, self.norm, eps), self.lm_head).float()
 
