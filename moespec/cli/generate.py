@@ -89,6 +89,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
     parser.add_argument("--top-p", type=float, default=1.0)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument(
+        "--threads",
+        type=int,
+        metavar="N",
+        help="intra-op threads at most (default: the library's); small products and small "
+        "models' passes run on one thread whatever N (moespec.kernels.threads)",
+    )
     parser.add_argument("--json", action="store_true", help="print one JSON object at the end")
     offload = parser.add_argument_group("offloaded experts")
     offload.add_argument(
@@ -148,6 +155,10 @@ def run(args: argparse.Namespace) -> int:
     if args.rounds < 1:
         raise ValueError(f"--rounds must be >= 1, got {args.rounds}")
     draft_length = parse_draft_length(args.draft_length)
+    if args.threads is not None:
+        if args.threads < 1:
+            raise ValueError(f"--threads must be >= 1, got {args.threads}")
+        torch.set_num_threads(args.threads)
     KernelPolicy(args.kernel, args.crossover)  # bad flags fail before the model loads
     check_offload_flags(args)
     sampler = Sampler(args.temperature, args.top_p, args.seed)
@@ -259,6 +270,7 @@ def run(args: argparse.Namespace) -> int:
                     "prompt_tokens": prompt,
                     "tokens": tokens,
                     "text": tokenizer.decode(tokens),
+                    "threads": model.thread_plan(),
                     **summary,
                     "steps": [r.to_dict() for r in records],
                 }

@@ -10,6 +10,8 @@ results. `pack(weight)` returns such a packed weight where it pays (bf16 always;
 import torch
 import torch.nn.functional as F
 
+from moespec.kernels.threads import intra_op_threads, product_threads
+
 PACK_FP32_MIN_BYTES = 1 << 20
 
 
@@ -46,7 +48,16 @@ def pack(weight: torch.Tensor) -> "torch.Tensor | PackedWeight":
 
 
 def linear(x: torch.Tensor, weight, bias: torch.Tensor | None = None) -> torch.Tensor:
-    """x @ weight.T (+ bias) for a dense or a packed weight."""
+    """x @ weight.T (+ bias) for a dense or a packed weight; inside a model pass, on the
+    threads its size calls for (moespec.kernels.threads)."""
+    threads = product_threads(weight.nbytes, x.numel() // x.shape[-1])
+    if threads is not None and threads != torch.get_num_threads():
+        with intra_op_threads(threads):
+            return _product(x, weight, bias)
+    return _product(x, weight, bias)
+
+
+def _product(x: torch.Tensor, weight, bias: torch.Tensor | None) -> torch.Tensor:
     if isinstance(weight, PackedWeight):
         return torch.ops.mkldnn._linear_pointwise(x, weight.packed, bias, "none", [None], "")
     return F.linear(x, weight, bias)

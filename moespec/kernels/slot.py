@@ -2,12 +2,15 @@
 
 A pass of n tokens reads n m experts, repeated experts included (seed 000 §1). Products read
 each expert's own weights in place (a view, or its packed layout); no gathered copy is made.
+Each slot's row is its token's row of x itself (no gather): a one-token decode pass costs
+the 2 m products plus a fixed handful of operations, whatever the number of experts.
 """
 
 import torch
+import torch.nn.functional as F
 
 from moespec.kernels.experts import ExpertWeights
-from moespec.kernels.grouped import grouped_products
+from moespec.kernels.linear import linear
 
 
 def slot_experts(
@@ -18,8 +21,18 @@ def slot_experts(
 ) -> torch.Tensor:
     # x: [T, H]; expert_ids, expert_weights: [T, m]
     tokens, top_k = expert_ids.shape
-    ids = expert_ids.flatten().tolist()  # slot-major: token t's slots are rows t m .. t m + m - 1
-    groups = [(e, r, r + 1) for r, e in enumerate(ids)]
-    rows = torch.arange(tokens).repeat_interleave(top_k)
-    out = grouped_products(x, rows, groups, experts).view(tokens, top_k, -1)  # [T, m, H]
-    return (out * expert_weights.to(x.dtype).unsqueeze(-1)).sum(dim=1)
+    # slot-major: token t's slots are rows t m .. t m + m - 1
+    pairs = [experts.weights(e) for row in expert_ids.tolist() for e in row]
+    rows = (x,) if tokens == 1 else x.split(1)
+    hidden = torch.cat(
+        [linear(rows[r // top_k], gate_up) for r, (gate_up, _) in enumerate(pairs)]
+    )  # [T m, 2I]
+    gate, up = hidden.chunk(2, dim=-1)
+    act = F.silu(gate) * up  # [T m, I]
+    out = torch.cat(
+        [linear(a, down) for a, (_, down) in zip(act.split(1), pairs, strict=True)]
+    )  # [T m, H]
+    out = out * expert_weights.to(x.dtype).view(-1, 1)
+    if tokens == 1:
+        return out.sum(dim=0, keepdim=True)
+    return out.view(tokens, top_k, -1).sum(dim=1)

@@ -34,10 +34,11 @@ class KVCache:
 
     def update(self, layer: int, keys: torch.Tensor, values: torch.Tensor):
         """Write this pass's keys/values [B, kv_heads, T, D]; return all valid ones incl. these."""
-        end = self.length + keys.shape[2]
-        self.keys[layer][:, :, self.length : end] = keys
-        self.values[layer][:, :, self.length : end] = values
-        return self.keys[layer][:, :, :end], self.values[layer][:, :, :end]
+        start, new = self.length, keys.shape[2]
+        stored_keys, stored_values = self.keys[layer], self.values[layer]
+        stored_keys.narrow(2, start, new).copy_(keys)
+        stored_values.narrow(2, start, new).copy_(values)
+        return stored_keys.narrow(2, 0, start + new), stored_values.narrow(2, 0, start + new)
 
     def advance(self, new_tokens: int) -> None:
         self.length += new_tokens

@@ -16,11 +16,15 @@ from moespec.models.config import ModelConfig
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    """RMSNorm computed in float32, scaled in the input dtype (as Hugging Face models do)."""
+    """RMSNorm computed in float32, scaled in the input dtype (as Hugging Face models do).
+
+    weight: [size] over the last dimension, or any shape that broadcasts over it (e.g. [heads,
+    D] to norm several heads with their own weights in one call)."""
     dtype = x.dtype
-    h = x.float()
-    h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps)
-    return weight * h.to(dtype)
+    h = x if dtype == torch.float32 else x.float()
+    # HF's h * rsqrt(mean(h^2) + eps), bit for bit, in fewer allocations; no casts in fp32
+    h = h * (h * h).mean(-1, keepdim=True).add_(eps).rsqrt_()
+    return weight * (h if dtype == torch.float32 else h.to(dtype))
 
 
 def rope_inverse_frequencies(config: ModelConfig) -> torch.Tensor:
@@ -48,25 +52,36 @@ def rope_inverse_frequencies(config: ModelConfig) -> torch.Tensor:
 
 
 class Rotary:
-    """cos/sin tables by position, computed in float32 and grown on demand."""
+    """cos/sin tables by position, computed in float32, held in the model dtype, grown on
+    demand, so that a pass takes its rows as a slice (no per-step tensor creation).
 
-    def __init__(self, config: ModelConfig):
+    `sin` carries the sign of rotate_half: x * cos + roll(x, D/2) * sin equals the usual
+    x * cos + rotate_half(x) * sin exactly (a sign flip is exact in floating point).
+    """
+
+    def __init__(self, config: ModelConfig, dtype: torch.dtype = torch.float32):
         self.inv_freq = rope_inverse_frequencies(config)
-        self.cos = self.sin = torch.empty(0, config.head_dim)
+        self.dtype = dtype
+        self.cos = self.sin = torch.empty(0, 1, config.head_dim, dtype=dtype)
 
-    def tables(self, positions: torch.Tensor, dtype: torch.dtype):
-        needed = int(positions.max()) + 1
+    def tables(self, start: int, tokens: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """(cos, sin) [T, 1, D] of positions start .. start + T - 1."""
+        needed = start + tokens
         if needed > self.cos.shape[0]:
             size = max(needed, 2 * self.cos.shape[0], 256)
             freqs = torch.arange(size, dtype=torch.float32)[:, None] * self.inv_freq
+            half = freqs.shape[1]
             emb = torch.cat((freqs, freqs), dim=-1)
-            self.cos, self.sin = emb.cos(), emb.sin()
-        return self.cos[positions].to(dtype), self.sin[positions].to(dtype)
+            sin = emb.sin()
+            sin[:, :half] = -sin[:, :half]
+            # [P, 1, D]: broadcast over heads without a per-pass unsqueeze
+            self.cos, self.sin = emb.cos()[:, None].to(self.dtype), sin[:, None].to(self.dtype)
+        return self.cos[start:needed], self.sin[start:needed]
 
 
-def rotate_half(x: torch.Tensor) -> torch.Tensor:
-    half = x.shape[-1] // 2
-    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Rotary embedding of x [..., T, heads, D] with Rotary.tables' signed (cos, sin)."""
+    return x * cos + x.roll(x.shape[-1] // 2, -1) * sin
 
 
 @dataclass
@@ -81,12 +96,41 @@ class Attention:
     k_norm: torch.Tensor | None
     config: ModelConfig
 
+    def __post_init__(self):
+        # Per-head norms of q and k as one weight [N + K, D], so both are normed in one call.
+        c = self.config
+        self.qk_norm_weight = None
+        if c.qk_norm == "head":
+            self.qk_norm_weight = torch.cat(
+                (
+                    self.q_norm.expand(c.num_heads, c.head_dim),
+                    self.k_norm.expand(c.num_kv_heads, c.head_dim),
+                )
+            )
+
     def __call__(self, x, layer: int, cache: KVCache, cos, sin, mask):
-        # x: [B, T, H]; cos, sin: [T, D]; mask: [T, L] boolean or None
+        # x: [B, T, H]; cos, sin: [T, 1, D]; mask: [T, L] boolean or None
         c = self.config
         batch, tokens, _ = x.shape
-        q_size, kv_size = c.num_heads * c.head_dim, c.num_kv_heads * c.head_dim
+        heads, kv_heads = c.num_heads, c.num_kv_heads
         qkv = linear(x, self.qkv, self.qkv_bias)
+        if c.qk_norm != "projection" and c.clip_qkv is None:
+            # q and k side by side: one norm and one rotation for both.
+            qkv = qkv.view(batch, tokens, heads + 2 * kv_heads, c.head_dim)
+            qk, v = qkv.split((heads + kv_heads, kv_heads), dim=2)
+            if self.qk_norm_weight is not None:
+                qk = rms_norm(qk, self.qk_norm_weight, c.rms_norm_eps)
+            q, k = rotate(qk, cos, sin).split((heads, kv_heads), dim=2)
+        else:
+            q, k, v = self._project_separately(qkv, cos, sin)
+        keys, values = cache.update(layer, k.transpose(1, 2), v.transpose(1, 2))  # [B, K, L, D]
+        return linear(attend(q, keys, values, mask), self.o, self.o_bias)
+
+    def _project_separately(self, qkv, cos, sin):
+        """q, k, v [B, T, heads, D] for norms over the whole projection (OLMoE) or clipping."""
+        c = self.config
+        batch, tokens, _ = qkv.shape
+        q_size, kv_size = c.num_heads * c.head_dim, c.num_kv_heads * c.head_dim
         q, k, v = qkv.split((q_size, kv_size, kv_size), dim=-1)
         if c.qk_norm == "projection":
             q, k = (
@@ -97,21 +141,42 @@ class Attention:
             q, k, v = (t.clamp(-c.clip_qkv, c.clip_qkv) for t in (q, k, v))
         q = q.view(batch, tokens, c.num_heads, c.head_dim)
         k = k.view(batch, tokens, c.num_kv_heads, c.head_dim)
-        v = v.view(batch, tokens, c.num_kv_heads, c.head_dim).transpose(1, 2)
+        v = v.view(batch, tokens, c.num_kv_heads, c.head_dim)
         if c.qk_norm == "head":
             q, k = (
                 rms_norm(q, self.q_norm, c.rms_norm_eps),
                 rms_norm(k, self.k_norm, c.rms_norm_eps),
             )
-        q, k = q.transpose(1, 2), k.transpose(1, 2)  # [B, N or K, T, D]
-        q = q * cos + rotate_half(q) * sin
-        k = k * cos + rotate_half(k) * sin
-        keys, values = cache.update(layer, k, v)  # [B, K, L, D]
+        return rotate(q, cos, sin), rotate(k, cos, sin), v
+
+
+def attend(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, mask) -> torch.Tensor:
+    """Scaled dot-product attention of q [B, T, N, D] over the cache's keys/values
+    [B, K, L, D]; returns [B, T, N D].
+
+    In reduced precision the library's grouped-query path is slow on CPU (4-6x at T = 1), so
+    the G = N / K query heads sharing a key head are laid out as G T query rows of that head
+    (same results, bit for bit); in float32 the grouped path is fast and is kept.
+    """
+    batch, tokens, heads, dim = q.shape
+    kv_heads = keys.shape[1]
+    group = heads // kv_heads
+    if q.dtype == torch.float32 or group == 1:
         out = F.scaled_dot_product_attention(
-            q, keys, values, attn_mask=mask, enable_gqa=c.num_heads != c.num_kv_heads
-        )
-        out = out.transpose(1, 2).reshape(batch, tokens, q_size)
-        return linear(out, self.o, self.o_bias)
+            q.transpose(1, 2), keys, values, attn_mask=mask, enable_gqa=group > 1
+        )  # [B, N, T, D]
+        return out.transpose(1, 2).reshape(batch, tokens, heads * dim)
+    if tokens == 1:  # heads n = k G + g are already in row order: views only
+        rows = q.reshape(batch, kv_heads, group, dim)
+        out = F.scaled_dot_product_attention(rows, keys, values, attn_mask=mask)
+        return out.reshape(batch, 1, heads * dim)
+    rows = q.reshape(batch, tokens, kv_heads, group, dim).permute(0, 2, 1, 3, 4)
+    rows = rows.reshape(batch, kv_heads, tokens * group, dim)  # row t G + g
+    if mask is not None:
+        mask = mask.repeat_interleave(group, dim=0)  # [T G, L]
+    out = F.scaled_dot_product_attention(rows, keys, values, attn_mask=mask)
+    out = out.view(batch, kv_heads, tokens, group, dim).permute(0, 2, 1, 3, 4)
+    return out.reshape(batch, tokens, heads * dim)
 
 
 def attention_mask(start: int, tokens: int, window: int | None) -> torch.Tensor | None:
@@ -134,6 +199,5 @@ class DenseMLP:
     down: torch.Tensor  # [H, I]
 
     def __call__(self, x: torch.Tensor, **_) -> torch.Tensor:
-        hidden = linear(x, self.gate_up)
-        inter = self.down.shape[1]
-        return linear(F.silu(hidden[..., :inter]) * hidden[..., inter:], self.down)
+        gate, up = linear(x, self.gate_up).chunk(2, dim=-1)
+        return linear(F.silu(gate) * up, self.down)

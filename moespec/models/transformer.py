@@ -10,6 +10,7 @@ import torch
 import torch.nn.functional as F
 
 from moespec.kernels.linear import linear, pack
+from moespec.kernels.threads import SMALL_WORK_BYTES, pass_threads, threads_for
 from moespec.models.cache import KVCache
 from moespec.models.config import ModelConfig
 from moespec.models.layers import Attention, DenseMLP, Rotary, attention_mask, rms_norm
@@ -32,7 +33,7 @@ class Transformer:
         self.norm = norm
         self.lm_head = lm_head  # [V, H], the embeddings themselves when tied
         self.dtype = dtype
-        self.rotary = Rotary(config)
+        self.rotary = Rotary(config, dtype)
 
     @property
     def moe_blocks(self) -> dict[int, MoEBlock]:
@@ -70,24 +71,44 @@ class Transformer:
         batch, length = tokens.shape
         start = cache.length
         cache.reserve(length)
-        positions = torch.arange(start, start + length)
-        cos, sin = self.rotary.tables(positions, self.dtype)
-        mask = attention_mask(start, length, self.config.sliding_window)
-        eps = self.config.rms_norm_eps
-        h = F.embedding(tokens, self.embed)  # [B, T, H]
-        for i, layer in enumerate(self.layers):
-            h = h + layer.attention(rms_norm(h, layer.input_norm, eps), i, cache, cos, sin, mask)
-            h = h + layer.mlp(
-                rms_norm(h, layer.post_attention_norm, eps),
-                kernel=kernel,
-                layer=i,
-                sink=routing_sink,
-                offload=offload,
-            )
-        cache.advance(length)
-        if not all_logits:
-            h = h[:, -1:]
-        return linear(rms_norm(h, self.norm, eps), self.lm_head).float()
+        with pass_threads(self._attention_bytes(batch, start + length)):
+            cos, sin = self.rotary.tables(start, length)
+            mask = attention_mask(start, length, self.config.sliding_window)
+            eps = self.config.rms_norm_eps
+            h = F.embedding(tokens, self.embed)  # [B, T, H], a fresh tensor: added to in place
+            for i, layer in enumerate(self.layers):
+                h += layer.attention(rms_norm(h, layer.input_norm, eps), i, cache, cos, sin, mask)
+                x = rms_norm(h, layer.post_attention_norm, eps)
+                h += layer.mlp(x, kernel=kernel, layer=i, sink=routing_sink, offload=offload)
+            cache.advance(length)
+            if not all_logits and length > 1:
+                h = h[:, -1:]
+            return linear(rms_norm(h, self.norm, eps), self.lm_head).float()
+
+    def _attention_bytes(self, batch: int, positions: int) -> int:
+        """The keys and values one layer's attention reads: the size of a pass's largest
+        operation besides its products (moespec.kernels.threads)."""
+        c = self.config
+        return 2 * batch * positions * c.num_kv_heads * c.head_dim * self.embed.element_size()
+
+    def thread_plan(self, tokens: int = 1) -> dict:
+        """Threads of a pass of `tokens` tokens at the current setting: the products that
+        run on one thread and on all (moespec.kernels.threads), for reports."""
+        available = torch.get_num_threads()
+        products = [self.lm_head]
+        for layer in self.layers:
+            products += [layer.attention.qkv, layer.attention.o]
+            if isinstance(layer.mlp, MoEBlock):
+                products += list(layer.mlp.experts.weights(0)) * layer.mlp.top_k
+            else:
+                products += [layer.mlp.gate_up, layer.mlp.down]
+        threads = [threads_for(w.nbytes * tokens, available) for w in products]
+        return {
+            "available": available,
+            "small_work_bytes": SMALL_WORK_BYTES,
+            "products_on_one_thread": sum(t == 1 for t in threads),
+            "products_on_all_threads": sum(t > 1 for t in threads),
+        }
 
     __call__ = forward
 
