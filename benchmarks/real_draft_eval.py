@@ -196,6 +196,7 @@ def main(argv=None) -> int:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--threads", type=int, help="torch intra-op threads (default: torch's)")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--batch-invariant", default="on", choices=["on", "off"])
     parser.add_argument("--out", required=True)
     parser.add_argument("--plot")
     parser.add_argument("--force", action="store_true")
@@ -207,6 +208,7 @@ def main(argv=None) -> int:
     target_dir, draft_dir = demo_paths()
     target_dir, draft_dir = args.model or target_dir, args.draft or draft_dir
     target, tokenizer = load_model(target_dir, dtype="bf16")
+    target.batch_invariant = args.batch_invariant == "on"
     draft, _ = load_model(draft_dir, dtype="bf16")
     prompts = prompts_from_held_out(tokenizer, args.prompts, args.prompt_tokens, args.seed)
     arms = make_arms(target, draft, draft_dir, tokenizer, args.tokens)
@@ -221,6 +223,7 @@ def main(argv=None) -> int:
         "dtype": "bf16",
         "greedy": True,
         "kernel": "auto",
+        "batch_invariant": args.batch_invariant,
         "arms": list(arms),
         "seed": args.seed,
     }

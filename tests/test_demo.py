@@ -117,3 +117,28 @@ def test_greedy_acceptance_of_the_draft_is_above_0_4(pair, held_out):
         agree += sum(p == t for p, t in zip(predicted, continuation, strict=True))
         total += len(continuation)
     assert agree / total > 0.4
+
+
+def test_greedy_speculation_equals_plain_greedy_in_bf16_on_held_out_prompts():
+    # The default dtype: a batch-invariant target makes a pass of k + 1 tokens give each
+    # token the bits of a pass of one, so no near-tie can send speculation another way.
+    from moespec.decoding.setup import speculation_factory
+
+    target, tokenizer = load_model(demo_paths()[0], dtype="bf16")
+    target.batch_invariant = True
+    prompts = [tokenizer.encode(d.text)[:48] for d in held_out_documents(6, 3000)]
+    for prompt in prompts:
+        plain = [t for r in generate(target, prompt, max_tokens=64) for t in r.tokens]
+        for spec, k in ((f"auto:{demo_paths()[1]}", "auto"), (str(demo_paths()[1]), 6)):
+            make = speculation_factory(
+                spec,
+                draft_length=k,
+                target=target,
+                tokenizer=tokenizer,
+                sampler=Sampler(),
+                prompt=prompt,
+                max_tokens=64,
+                dtype="bf16",
+            )
+            records = generate(target, prompt, max_tokens=64, drafter=make())
+            assert [t for r in records for t in r.tokens] == plain, (spec, k)

@@ -149,3 +149,48 @@ def test_without_bf16_packing_the_weights_stay_dense_and_the_kernels_run():
         assert packed is weight
     x, ids = torch.randn(1, 6).bfloat16(), torch.tensor([[1]])
     assert get_kernel("slot")(x, ids, torch.ones(1, 1), experts).shape == (1, 6)
+
+
+@pytest.mark.parametrize("kernel", sorted(set(KERNELS) - {"reference"}))
+@pytest.mark.parametrize("packed", [False, True], ids=["dense", "packed"])
+@pytest.mark.parametrize("top_k, num_experts", [(2, 8), (8, 64)])
+def test_batch_invariant_kernels_give_each_row_its_one_row_bits(kernel, packed, top_k, num_experts):
+    from moespec.kernels.invariance import batch_invariance
+
+    if packed and kernel == "dedup-linear":
+        pytest.skip("dedup-linear refuses packed weights (tested on its own)")
+    if packed and not packs_bf16():
+        pytest.skip(NO_BF16_PACKING)
+    generator = torch.Generator().manual_seed(top_k)
+    experts = ExpertWeights(
+        torch.randn(num_experts, 2 * INTER, HIDDEN, generator=generator).bfloat16() * 0.2,
+        torch.randn(num_experts, HIDDEN, INTER, generator=generator).bfloat16() * 0.2,
+    )
+    if packed:
+        experts.pack()
+    x = torch.randn(9, HIDDEN, generator=generator).bfloat16()
+    ids = routing("random", 9, top_k, num_experts, generator)
+    ids[1] = ids[0]  # repeated experts within a pass: deduplication groups rows
+    weights = torch.softmax(torch.randn(9, top_k, generator=generator), -1)
+    run = get_kernel(kernel)
+    with batch_invariance(True):
+        alone = torch.cat(
+            [run(x[i : i + 1], ids[i : i + 1], weights[i : i + 1], experts) for i in range(9)]
+        )
+        for n in range(1, 10):
+            assert torch.equal(run(x[:n], ids[:n], weights[:n], experts), alone[:n]), n
+
+
+def test_batch_invariant_products_of_large_weights_give_each_row_its_one_row_bits():
+    # A shape where the library's kernel choice moves with the rows (here, from 5 rows).
+    from moespec.kernels.invariance import batch_invariance, invariant_rows
+    from moespec.kernels.linear import _product, linear
+
+    generator = torch.Generator().manual_seed(3)
+    weight = pack(torch.randn(2048, 2048, generator=generator).bfloat16())
+    x = torch.randn(9, 2048, generator=generator).bfloat16()
+    alone = torch.cat([linear(x[i : i + 1], weight) for i in range(9)])
+    with batch_invariance(True):
+        chunk = invariant_rows(weight, lambda a, w: _product(a, w, None))
+        for n in range(1, 10):
+            assert torch.equal(linear(x[:n], weight), alone[:n]), (n, chunk)

@@ -209,3 +209,14 @@ def test_auto_draft_with_a_model_directory_on_the_command_line(checkpoint_dir, c
     assert result["tokens"] == json.loads(capsys.readouterr().out)["tokens"]
     drafters = {s["drafter"] for s in result["steps"] if s["phase"] == "decode"}
     assert drafters <= {None, "lookup", "model"}
+
+
+def test_generate_is_batch_invariant_by_default_and_says_so(checkpoint_dir, capsys):
+    import json
+
+    directory, _ = checkpoint_dir("qwen3_moe")
+    argv = ["generate", "--model", str(directory), "w1 w2", "--max-tokens", "3", "--json"]
+    assert main(argv) == 0
+    assert json.loads(capsys.readouterr().out)["batch_invariant"] is True
+    assert main([*argv, "--batch-invariant", "off"]) == 0
+    assert json.loads(capsys.readouterr().out)["batch_invariant"] is False

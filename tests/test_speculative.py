@@ -310,3 +310,35 @@ def test_oracle_follows_the_target_after_a_batch_rounding_divergence(pair):
 
     assert rejections(lambda context, n: greedy_reference(target, context, n)) == 1
     assert rejections(None) > 3
+
+
+@pytest.fixture(scope="module")
+def bf16_pair(checkpoint_dir):
+    """The tiny pair in bf16, the target batch-invariant (as `moespec generate` runs it)."""
+    target, _ = load_model(checkpoint_dir("qwen3_moe")[0], dtype="bf16")
+    draft, _ = load_model(checkpoint_dir("qwen3")[0], dtype="bf16")
+    target.batch_invariant = True
+    return target, draft
+
+
+@pytest.mark.parametrize("kernel", ["slot", "dedup", "auto"])
+@pytest.mark.parametrize("name", ["model", "oracle", "lookup"])
+def test_greedy_speculative_output_equals_plain_greedy_in_bf16(bf16_pair, name, kernel):
+    target, draft = bf16_pair
+    kernels = KernelPolicy(kernel)
+    prompt = PROMPT * 3  # a longer context: attention over more keys than one block
+    plain = tokens_of(generate(target, prompt, max_tokens=32, kernels=kernels))
+    for k in range(1, 9):
+        drafter = drafters(target, draft, name, 32)
+        if name == "oracle":
+            reference = greedy_reference(target, prompt, 32)
+            drafter = OracleDrafter(reference, len(prompt), 0.6, target.config.vocab_size, seed=1)
+        records = generate(
+            target,
+            prompt,
+            max_tokens=32,
+            kernels=kernels,
+            drafter=drafter,
+            draft_policy=DraftLengthPolicy(k),
+        )
+        assert tokens_of(records) == plain, (name, kernel, k)

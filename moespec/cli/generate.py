@@ -86,6 +86,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "its verify times the draft-length policy's V(k)",
     )
     parser.add_argument("--dtype", default="bf16", choices=["bf16", "fp32"])
+    parser.add_argument(
+        "--batch-invariant",
+        default="on",
+        choices=["on", "off"],
+        help="verification passes give every token the bits it gets alone, so greedy "
+        "speculation equals plain greedy decoding in bf16 too (default: on)",
+    )
     parser.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
     parser.add_argument("--top-p", type=float, default=1.0)
     parser.add_argument("--seed", type=int, default=0)
@@ -172,6 +179,7 @@ def run(args: argparse.Namespace) -> int:
     if args.draft == "none":
         args.draft = None
     model, tokenizer = load_model(args.model, dtype=args.dtype, pack=args.offload is None)
+    model.batch_invariant = args.batch_invariant == "on"
     plan = None
     if args.plan:
         from moespec.calibrate.plan import load_plan
@@ -271,6 +279,7 @@ def run(args: argparse.Namespace) -> int:
                     "tokens": tokens,
                     "text": tokenizer.decode(tokens),
                     "threads": model.thread_plan(),
+                    "batch_invariant": model.batch_invariant,
                     **summary,
                     "steps": [r.to_dict() for r in records],
                 }

@@ -8,6 +8,7 @@ import torch
 
 from moespec.kernels.experts import ExpertWeights
 from moespec.kernels.grouped import grouped_products
+from moespec.kernels.invariance import is_batch_invariant
 
 
 def group_by_expert(expert_ids: torch.Tensor) -> dict[int, list[tuple[int, int]]]:
@@ -30,6 +31,10 @@ def _dedup(x, expert_ids, expert_weights, experts):
     rows = order // top_k  # the token of each row
     out = grouped_products(x, rows, groups, experts)  # [R, H]
     weights = expert_weights.to(x.dtype).flatten()[order]  # [R]
+    if is_batch_invariant():  # each token's slots summed in slot order, as a pass of one
+        slotted = torch.empty(len(slots), x.shape[1], dtype=x.dtype)
+        slotted[order] = out * weights.unsqueeze(1)
+        return slotted.view(-1, top_k, x.shape[1]).sum(dim=1)
     return torch.zeros_like(x).index_add_(0, rows, out * weights.unsqueeze(1))
 
 

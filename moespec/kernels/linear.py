@@ -10,6 +10,7 @@ results. `pack(weight)` returns such a packed weight where it pays (bf16 always;
 import torch
 import torch.nn.functional as F
 
+from moespec.kernels.invariance import chunked, is_batch_invariant
 from moespec.kernels.threads import intra_op_threads, product_threads
 
 PACK_FP32_MIN_BYTES = 1 << 20
@@ -49,12 +50,21 @@ def pack(weight: torch.Tensor) -> "torch.Tensor | PackedWeight":
 
 def linear(x: torch.Tensor, weight, bias: torch.Tensor | None = None) -> torch.Tensor:
     """x @ weight.T (+ bias) for a dense or a packed weight; inside a model pass, on the
-    threads its size calls for (moespec.kernels.threads)."""
-    threads = product_threads(weight.nbytes, x.numel() // x.shape[-1])
+    threads its size calls for (moespec.kernels.threads); under batch invariance, in row
+    chunks that give each row its one-row bits (moespec.kernels.invariance)."""
+    rows = x.numel() // x.shape[-1]
+    invariant = is_batch_invariant()
+    threads = product_threads(weight.nbytes, 1 if invariant else rows)
     if threads is not None and threads != torch.get_num_threads():
         with intra_op_threads(threads):
-            return _product(x, weight, bias)
-    return _product(x, weight, bias)
+            return _rows(x, weight, bias, invariant and rows > 1)
+    return _rows(x, weight, bias, invariant and rows > 1)
+
+
+def _rows(x, weight, bias, invariant: bool) -> torch.Tensor:
+    if not invariant:
+        return _product(x, weight, bias)
+    return chunked(x, weight, lambda a, w: _product(a, w, bias), bias is not None)
 
 
 def _product(x: torch.Tensor, weight, bias: torch.Tensor | None) -> torch.Tensor:

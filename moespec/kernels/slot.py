@@ -10,6 +10,7 @@ import torch
 import torch.nn.functional as F
 
 from moespec.kernels.experts import ExpertWeights
+from moespec.kernels.invariance import is_batch_invariant
 from moespec.kernels.linear import linear
 
 
@@ -33,6 +34,6 @@ def slot_experts(
         [linear(a, down) for a, (_, down) in zip(act.split(1), pairs, strict=True)]
     )  # [T m, H]
     out = out * expert_weights.to(x.dtype).view(-1, 1)
-    if tokens == 1:
+    if tokens == 1 and not is_batch_invariant():
         return out.sum(dim=0, keepdim=True)
-    return out.view(tokens, top_k, -1).sum(dim=1)
+    return out.view(tokens, top_k, -1).sum(dim=1)  # the same sum for every pass size

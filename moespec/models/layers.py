@@ -10,6 +10,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from moespec.kernels.invariance import is_batch_invariant
 from moespec.kernels.linear import linear
 from moespec.models.cache import KVCache
 from moespec.models.config import ModelConfig
@@ -159,6 +160,8 @@ def attend(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, mask) -> t
     (same results, bit for bit); in float32 the grouped path is fast and is kept.
     """
     batch, tokens, heads, dim = q.shape
+    if tokens > 1 and is_batch_invariant():
+        return _attend_rows(q, keys, values, mask)
     kv_heads = keys.shape[1]
     group = heads // kv_heads
     if q.dtype == torch.float32 or group == 1:
@@ -177,6 +180,21 @@ def attend(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, mask) -> t
     out = F.scaled_dot_product_attention(rows, keys, values, attn_mask=mask)
     out = out.view(batch, kv_heads, tokens, group, dim).permute(0, 2, 1, 3, 4)
     return out.reshape(batch, tokens, heads * dim)
+
+
+def _attend_rows(q, keys, values, mask) -> torch.Tensor:
+    """Each query row as a one-token pass computes it: over exactly the keys it sees, with
+    the mask a one-token pass has (none where it sees them all): batch-invariant attention."""
+    tokens = q.shape[1]
+    start = keys.shape[2] - tokens
+    rows = []
+    for i in range(tokens):
+        seen = start + i + 1
+        row_mask = None if mask is None else mask[i : i + 1, :seen]
+        if row_mask is not None and bool(row_mask.all()):
+            row_mask = None
+        rows.append(attend(q[:, i : i + 1], keys[:, :, :seen], values[:, :, :seen], row_mask))
+    return torch.cat(rows, dim=1)
 
 
 def attention_mask(start: int, tokens: int, window: int | None) -> torch.Tensor | None:

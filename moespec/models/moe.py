@@ -7,9 +7,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
-import torch.nn.functional as F
 
 from moespec.kernels import ExpertWeights, get_kernel
+from moespec.kernels.linear import linear
 
 # sink(layer, expert_ids [T, m], expert_weights [T, m]): sees the routing of every pass.
 RoutingSink = Callable[[int, torch.Tensor, torch.Tensor], None]
@@ -26,7 +26,7 @@ def route(
     Qwen3-MoE and OLMoE renormalise when `norm_topk_prob`; Mixtral always does (top-k of the
     logits then softmax is the same thing). Returns (weights [T, m] float32, ids [T, m]).
     """
-    logits = F.linear(x, router)  # [T, E]
+    logits = linear(x, router)  # [T, E]
     probs = torch.softmax(logits, dim=-1, dtype=torch.float32)
     weights, ids = torch.topk(probs, top_k, dim=-1)
     if renormalize:

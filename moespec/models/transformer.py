@@ -9,6 +9,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from moespec.kernels.invariance import MAX_PASS, batch_invariance
 from moespec.kernels.linear import linear, pack
 from moespec.kernels.threads import SMALL_WORK_BYTES, pass_threads, threads_for
 from moespec.models.cache import KVCache
@@ -34,6 +35,10 @@ class Transformer:
         self.lm_head = lm_head  # [V, H], the embeddings themselves when tied
         self.dtype = dtype
         self.rotary = Rotary(config, dtype)
+        # Every row of a verification pass (up to MAX_PASS tokens) gets the bits it would get
+        # alone (moespec.kernels.invariance): greedy speculation then equals plain greedy
+        # decoding in bf16 too. Prompt passes are shared by both and stay as they are.
+        self.batch_invariant = False
 
     @property
     def moe_blocks(self) -> dict[int, MoEBlock]:
@@ -71,7 +76,10 @@ class Transformer:
         batch, length = tokens.shape
         start = cache.length
         cache.reserve(length)
-        with pass_threads(self._attention_bytes(batch, start + length)):
+        with (
+            batch_invariance(self.batch_invariant and batch * length <= MAX_PASS),
+            pass_threads(self._attention_bytes(batch, start + length)),
+        ):
             cos, sin = self.rotary.tables(start, length)
             mask = attention_mask(start, length, self.config.sliding_window)
             eps = self.config.rms_norm_eps

@@ -1,0 +1,81 @@
+"""Batch invariance: every row of a pass of n tokens gets the bits it would get alone.
+
+In bf16 a verification pass of k + 1 tokens can round differently from k + 1 passes of one
+token: the library picks kernels (and reduction splits) by the number of rows, and a masked
+attention over L keys splits L differently from an unmasked one over the first keys only.
+Greedy speculation then leaves the plain greedy path at a near-tie. Inside
+`batch_invariance(True)`:
+
+- a product of n rows runs in chunks of at most `invariant_rows(weight)` rows, the largest
+  chunk for which this library, on this CPU and thread count, gives each row the bits of a
+  one-row product (probed once per weight shape: the kernel choice depends on shapes and
+  threads, not values); rows beyond it would be another kernel;
+- the threads of a product follow its weight alone, not its rows (`moespec.kernels.threads`);
+- attention of a pass attends row by row, each query over exactly the keys it sees, as a
+  one-token pass does (`moespec.models.layers.attend`);
+- the expert kernels combine each token's m slots in slot order, whatever the pass.
+
+Norms, the router's softmax and top-k, and SwiGLU are row-wise already.
+"""
+
+import contextlib
+import threading
+
+import torch
+
+MAX_PASS = 9  # the largest verification pass probed (k_max = 8)
+
+_state = threading.local()
+_chunks: dict[tuple, int] = {}
+
+
+def is_batch_invariant() -> bool:
+    return getattr(_state, "on", False)
+
+
+@contextlib.contextmanager
+def batch_invariance(on: bool = True):
+    """Run the block's products, attention and expert combines batch-invariantly (or not)."""
+    previous = is_batch_invariant()
+    _state.on = on
+    try:
+        yield
+    finally:
+        _state.on = previous
+
+
+def invariant_rows(weight, product, variant=None) -> int:
+    """The largest c <= MAX_PASS such that `product(x[:n], weight)` equals the one-row
+    products row for row, bit for bit, for every n <= c (cached per shape, dtype, layout,
+    thread count and `variant`, e.g. whether a bias is added)."""
+    key = (
+        type(weight).__name__,
+        tuple(weight.shape),
+        weight.dtype,
+        torch.get_num_threads(),
+        variant,
+    )
+    if key not in _chunks:
+        _chunks[key] = _probe(weight, product)
+    return _chunks[key]
+
+
+def _probe(weight, product) -> int:
+    generator = torch.Generator().manual_seed(0)
+    x = torch.randn(MAX_PASS, weight.shape[1], generator=generator).to(weight.dtype)
+    alone = torch.cat([product(x[i : i + 1], weight) for i in range(MAX_PASS)])
+    for n in range(2, MAX_PASS + 1):
+        if not torch.equal(product(x[:n], weight), alone[:n]):
+            return n - 1
+    return MAX_PASS
+
+
+def chunked(x: torch.Tensor, weight, product, variant=None) -> torch.Tensor:
+    """product(x, weight) with x's rows in chunks of invariant_rows(weight)."""
+    shape = x.shape
+    rows = x.reshape(-1, shape[-1])
+    chunk = invariant_rows(weight, product, variant)
+    if rows.shape[0] <= chunk:
+        return product(x, weight)
+    out = torch.cat([product(part, weight) for part in rows.split(chunk)])
+    return out.view(*shape[:-1], out.shape[-1])
