@@ -20,6 +20,15 @@ import argparse
 import json
 import sys
 
+from moespec.cli.options import (
+    add_dtype,
+    non_negative_int,
+    non_negative_number,
+    number_in,
+    positive_int,
+    positive_number,
+)
+
 HELP = "generate text (streamed), speculating with a draft, the kernel chosen per pass"
 
 
@@ -30,7 +39,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="DIR",
         help="checkpoint directory (default: the embedded demo MoE, drafted by its demo draft)",
     )
-    parser.add_argument("--max-tokens", type=int, default=128, metavar="N")
+    parser.add_argument("--max-tokens", type=positive_int, default=128, metavar="N")
     parser.add_argument(
         "--draft",
         metavar="DIR|oracle:A|lookup",
@@ -45,7 +54,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--max-draft-length",
-        type=int,
+        type=non_negative_int,
         default=8,
         metavar="K",
         help="k_max for --draft-length auto (default 8)",
@@ -62,7 +71,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="expert kernel of each pass (default: auto)",
     )
     parser.add_argument(
-        "--crossover", type=int, metavar="N", help="with --kernel auto: deduplicate from n = N"
+        "--crossover",
+        type=positive_int,
+        metavar="N",
+        help="with --kernel auto: deduplicate from n = N",
     )
     parser.add_argument(
         "--plan",
@@ -70,9 +82,26 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="plan.json from `moespec plan`: its crossover sets --kernel auto's switch and "
         "its verify times the draft-length policy's V(k)",
     )
-    parser.add_argument("--dtype", default="bf16", choices=["bf16", "fp32"])
-    parser.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
-    parser.add_argument("--top-p", type=float, default=1.0)
+    add_dtype(parser)
+    parser.add_argument(
+        "--truncate",
+        default="none",
+        choices=["none", "left"],
+        help="a prompt beyond the model's context (with --max-tokens): refuse it (none, the "
+        "default) or keep its last tokens that fit (left)",
+    )
+    parser.add_argument(
+        "--stop-repeats",
+        type=non_negative_int,
+        default=8,
+        metavar="R",
+        help="stop when the output ends in R copies in a row of one n-gram (1-32 tokens, 24 "
+        "tokens at least): finish reason 'repetition' (default 8; 0: never)",
+    )
+    parser.add_argument(
+        "--temperature", type=non_negative_number, default=0.0, help="0 = greedy (default)"
+    )
+    parser.add_argument("--top-p", type=number_in(0, 1, low_open=True), default=1.0)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--json", action="store_true", help="print one JSON object at the end")
     offload = parser.add_argument_group("offloaded experts")
@@ -85,12 +114,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     budget = offload.add_mutually_exclusive_group()
     budget.add_argument(
         "--expert-cache-ratio",
-        type=float,
+        type=positive_number,
         metavar="R",
         help="expert cache budget: this share of all expert bytes (default 0.25)",
     )
     budget.add_argument(
-        "--expert-cache-bytes", type=int, metavar="B", help="expert cache budget in bytes"
+        "--expert-cache-bytes",
+        type=non_negative_int,
+        metavar="B",
+        help="expert cache budget in bytes",
     )
     offload.add_argument(
         "--offload-device",
@@ -123,12 +155,12 @@ def run(args: argparse.Namespace) -> int:
     import torch
 
     from moespec.decoding import KernelPolicy, Sampler, generate, summarize
+    from moespec.decoding.repetition import stop_repetition
     from moespec.decoding.setup import build_drafter
     from moespec.demo import describe
     from moespec.models import StreamingDetokenizer, load_model
+    from moespec.models.context import fit_context
 
-    if args.max_tokens < 1:
-        raise ValueError(f"--max-tokens must be >= 1, got {args.max_tokens}")
     draft_length = parse_draft_length(args.draft_length)
     KernelPolicy(args.kernel, args.crossover)  # bad flags fail before the model loads
     check_offload_flags(args)
@@ -155,6 +187,8 @@ def run(args: argparse.Namespace) -> int:
     prompt = tokenizer.encode(args.prompt)
     if not prompt:
         raise ValueError("the prompt encodes to no tokens")
+    given = len(prompt)
+    prompt = fit_context(prompt, model.config, new_tokens=args.max_tokens, truncate=args.truncate)
     stops = model.config.eos_token_ids
 
     plain = None
@@ -166,14 +200,17 @@ def run(args: argparse.Namespace) -> int:
             open_offload(args, model, False, 0, note=False) if args.compare_plain else None
         )
         plain = list(
-            generate(
-                model,
-                prompt,
-                max_tokens=args.max_tokens,
-                sampler=Sampler(args.temperature, args.top_p, args.seed),
-                kernels=kernels,
-                stop_tokens=stops,
-                offload=plain_offload,
+            stop_repetition(
+                generate(
+                    model,
+                    prompt,
+                    max_tokens=args.max_tokens,
+                    sampler=Sampler(args.temperature, args.top_p, args.seed),
+                    kernels=kernels,
+                    stop_tokens=stops,
+                    offload=plain_offload,
+                ),
+                args.stop_repeats,
             )
         )
         if plain_offload is not None:
@@ -197,16 +234,21 @@ def run(args: argparse.Namespace) -> int:
     offload = open_offload(args, model, drafter is not None, draft_length)
     stream = StreamingDetokenizer(tokenizer)
     records = []
-    for record in generate(
-        model,
-        prompt,
-        max_tokens=args.max_tokens,
-        sampler=sampler,
-        kernels=kernels,
-        drafter=drafter,
-        draft_policy=policy,
-        stop_tokens=stops,
-        offload=offload,
+    if not args.json:
+        echo_prompt(args.prompt if len(prompt) == given else tokenizer.decode(prompt))
+    for record in stop_repetition(
+        generate(
+            model,
+            prompt,
+            max_tokens=args.max_tokens,
+            sampler=sampler,
+            kernels=kernels,
+            drafter=drafter,
+            draft_policy=policy,
+            stop_tokens=stops,
+            offload=offload,
+        ),
+        args.stop_repeats,
     ):
         records.append(record)
         piece = stream.add(record.tokens)
@@ -229,7 +271,7 @@ def run(args: argparse.Namespace) -> int:
             json.dumps(
                 {
                     "model": describe(args.model),
-                    "draft": args.draft,
+                    "draft": describe(args.draft) if args.draft else None,
                     "prompt": args.prompt,
                     "prompt_tokens": prompt,
                     "tokens": tokens,
@@ -242,9 +284,30 @@ def run(args: argparse.Namespace) -> int:
     else:
         print(stream.flush())
         print(format_summary(summary, len(tokens), len(prompt), bool(args.draft)), file=sys.stderr)
+        print(format_notes(summary, len(prompt), given, args.stop_repeats), file=sys.stderr, end="")
         if offload is not None:
             print(format_offload(summary["offload"]), file=sys.stderr)
     return 0
+
+
+def format_notes(summary: dict, kept: int, given: int, repeats: int) -> str:
+    """Lines on what changed the run: a truncated prompt, a loop that stopped it."""
+    notes = ""
+    if kept < given:
+        notes += f"note: kept the last {kept} of the prompt's {given} tokens (--truncate left)\n"
+    if summary["finish_reason"] == "repetition":
+        notes += (
+            f"note: stopped: the output repeated one n-gram {repeats} times in a row "
+            "(--stop-repeats 0 decodes on)\n"
+        )
+    return notes
+
+
+def echo_prompt(prompt: str) -> None:
+    """On a terminal, the prompt (dimmed) before its continuation; piped output is the
+    continuation alone."""
+    if sys.stdout.isatty():
+        print(f"\x1b[2m{prompt}\x1b[0m", end="", flush=True)
 
 
 def check_offload_flags(args) -> None:

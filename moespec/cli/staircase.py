@@ -41,9 +41,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--acceptance",
         nargs="+",
+        action="extend",
         metavar="A",
-        default=DEFAULT_ACCEPTANCES,
-        help="acceptance rates in [0, 1) (default: 11 values from 0.2 to 0.98)",
+        help="acceptance rates in [0, 1), as a list or a repeated flag (default: 11 values "
+        "from 0.2 to 0.98)",
     )
     parser.add_argument("--json", action="store_true", help="print one JSON object")
     parser.add_argument("--plot", metavar="FILE.png", help="draw the staircase to a PNG file")
@@ -111,7 +112,7 @@ def run(args: argparse.Namespace) -> int:
     given = args.step_times is not None
     step_times = parse_step_times(args.step_times) if given else example_step_times()
     acceptances = {}
-    for text in args.acceptance:
+    for text in args.acceptance or DEFAULT_ACCEPTANCES:
         a = parse_number(text, "--acceptance")
         if not 0 <= a < 1:
             raise ValueError(f"--acceptance: {text} is not in [0, 1)")

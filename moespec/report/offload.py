@@ -7,25 +7,38 @@ report.md, report.json, table1.png, table2.png, figure5.png and draft-length.png
 
 from pathlib import Path
 
-from moespec.files import atomic_path, check_writable, write_json
+from moespec.files import atomic_path, check_writable, publish_files, write_json
 
 FILES = ["report.md", "report.json", "table1.png", "table2.png", "figure5.png", "draft-length.png"]
 BASELINE_PREFIXES = ("lru", "static", "hybrid")
 
 
 def check_report_dir(directory, *, force: bool) -> Path:
-    """Refuse early when the directory's report files exist (without force)."""
+    """Refuse early when the directory's report files exist (without force) or it cannot be
+    made; nothing is created until the report is written."""
     directory = Path(directory)
     if directory.exists() and not directory.is_dir():
         raise NotADirectoryError(f"--report {directory} is not a directory")
-    directory.mkdir(exist_ok=True)
-    for name in FILES:
-        check_writable(directory / name, force=force)
+    if directory.is_dir():
+        for name in FILES:
+            check_writable(directory / name, force=force)
+    elif not directory.absolute().parent.is_dir():
+        raise FileNotFoundError(
+            f"--report {directory}: directory {directory.parent} does not exist"
+        )
     return directory
 
 
 def write_report(directory, data: dict, *, force: bool = False) -> list[Path]:
-    directory = check_report_dir(directory, force=force)
+    """Write every file of the report together (moespec.files.publish_files): an
+    interruption leaves the directory as it was."""
+    directory = Path(directory)
+    with publish_files(directory, FILES, force=force) as staging:
+        _write_files(staging, data)
+    return [directory / name for name in FILES]
+
+
+def _write_files(directory: Path, data: dict, force: bool = False) -> None:
     write_json(directory / "report.json", data, force=force)
     _bars(
         data["table1"],
@@ -57,7 +70,6 @@ def write_report(directory, data: dict, *, force: bool = False) -> list[Path]:
     )
     with atomic_path(directory / "report.md", force=force) as tmp:
         tmp.write_text(markdown(data))
-    return [directory / name for name in FILES]
 
 
 def _policies(rows) -> list[str]:
