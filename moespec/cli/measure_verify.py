@@ -50,14 +50,18 @@ def run(args: argparse.Namespace) -> int:
     else:
         tokens = [t for d in stdlib_documents(4, 20000) for t in tokenizer.encode(d.text)]
     kernels = tuple(k.strip() for k in args.kernels.split(","))
-    records = measure_verify(
-        model,
-        tokens,
-        depth=args.depth,
-        pass_sizes=tuple(range(1, args.max_n + 1)),
-        kernels=kernels,
-        repeats=args.repeats,
-    )
+    from moespec.progress import Progress, show_progress
+
+    with Progress(show_progress(quiet=args.json)) as progress:
+        records = measure_verify(
+            model,
+            tokens,
+            depth=args.depth,
+            pass_sizes=tuple(range(1, args.max_n + 1)),
+            kernels=kernels,
+            repeats=args.repeats,
+            progress=progress,
+        )
     from moespec.demo import describe
 
     result = {

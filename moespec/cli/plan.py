@@ -2,11 +2,14 @@
 
 With --model (default: the embedded demo model): benchmarks the model's MoE layers (both
 kernels, chosen ids and recorded windows of a routing trace — given by --trace, else recorded
-on the embedded corpus), fits eq. (4) and (E.1), scores them on the windows (epsilon),
-measures whole-model verify times, runs the prediction chain (eq. 22) and writes
-DIR/plan.json and a report (report.md, bandwidth.png, ratio.png, saving.png,
-staircase.png). `moespec generate --plan DIR/plan.json` then switches kernels at the
-crossover and drafts k*(a) on the plan's verify times.
+on the embedded corpus), fits each kernel's time as a fixed time plus a cost per byte read,
+scores the fits on the windows they did not see (the bandwidth error epsilon), measures
+whole-model verify times, predicts the whole model's verify time per pass size from the fits,
+and writes DIR/plan.json and a report (report.md; bandwidth.png: each kernel's effective
+bandwidth; ratio.png: where deduplication pays; saving.png: the time it saves per pass;
+staircase.png: the best draft length per acceptance rate). `moespec generate --plan
+DIR/plan.json` then switches kernels at the crossover and drafts k*(a) on the plan's verify
+times.
 
 With --shape NAME: one full-size layer of random weights of that model's expert shapes, on a
 synthetic trace fitted to its published reuse.

@@ -1,12 +1,14 @@
 """Consecutive-token reuse of a routing trace: rho(n), U(n) and u(n) for n = 1..--max-n.
 
-Prints the layer means of the reuse rho_hat(n) (seed 000 eq. 1, estimator of App. D.2), the
-distinct experts U(n) of n consecutive tokens, the distinct share U/(n m) and the byte share
-u(n), with percentile intervals from bootstrap resamples of documents. Against them: independent
-uniform routing (1 - q^(n-1), N (1 - q^n)) and random pairing, the same estimator on each
-layer's tokens in a random order (expert popularity without temporal locality). --split picks
-the fit or test documents (by a hash of their names) or all of them. --plot draws the analogue
-of seed 000 Fig. 1.
+Prints the layer means of the reuse rho(n) (the share of a token's experts that one of the
+n - 1 tokens before it also selected), the distinct experts U(n) of n consecutive tokens, the
+distinct share U/(n m) and the byte share u(n) (the bytes a deduplicating pass reads over
+those a per-slot pass reads), with percentile intervals from bootstrap resamples of documents
+(of blocks of tokens inside them when there are fewer than 5 documents). Against them:
+independent uniform routing (1 - q^(n-1), N (1 - q^n), q = 1 - m/N) and random pairing, the
+same estimator on each layer's tokens in a random order (expert popularity without temporal
+locality). --split picks the fit or test documents (by a hash of their names) or all of them.
+--plot draws reuse against n with those baselines.
 """
 
 import argparse

@@ -9,8 +9,10 @@ spac-no-prefetch, spac-no-evict, spac-no-sd, spac-literal-delta), with speculati
 expert bytes), on a hardware profile (rtx4090-pcie4, a100-pcie4, this-machine, or a JSON file).
 Prints tokens/s, latency per token, cache hit rate, hot/cold accuracy (beside that of the
 forecast "active in the previous pass"), frequency sMAPE and
-bytes moved per policy. --report DIR also runs the Table 1 / Table 2 / Figure 5 analogues
-(and a draft-length sweep) and writes them as Markdown, PNG and JSON.
+bytes moved per policy. --report DIR also simulates the comparisons of the MoE-SpAc paper
+(tokens/s per workload and policy, SpAc with one part removed at a time, tokens/s against the
+cache size and against the draft length) and writes them as Markdown, PNG and JSON; an
+interrupted report writes nothing.
 """
 
 import argparse

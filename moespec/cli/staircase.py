@@ -1,8 +1,9 @@
 """The best draft length k*(a) as a staircase in the acceptance a, from a step-time table.
 
 Given V(0), ..., V(k_max) (the time of a step that drafts k tokens and verifies k + 1), prints
-the step points a_1..a_kmax (B.31), the first-draft threshold a_0 (B.4), and for each acceptance
-the best draft length k*(a) with its speedup over plain decoding (9). Exact arithmetic: numbers
+the step points a_1..a_kmax (the acceptance rates at which the best draft length steps up by
+one), the first-draft threshold a_0 (below it, drafting does not pay), and for each acceptance
+the best draft length k*(a) with its speedup over plain decoding. Exact arithmetic: numbers
 are read as decimals or fractions (e.g. 13/20) and computed as fractions.
 
 Without --step-times it uses a built-in example: a deduplicating engine on OLMoE-1B-7B's byte

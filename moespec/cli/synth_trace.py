@@ -4,7 +4,7 @@ The routing process keeps each of the previous token's experts with probability 
 the rest from a skewed expert popularity (Zipf of exponent --skew, fixed per layer); p is
 fitted so that the layer-mean rho(2) is --reuse2. --uniform writes independent uniform routing
 instead. The shape is a built-in preset (--shape; its published rho(2) is the default target
-where seed 000 measured one) or given by --layers, --experts, --top-k and --expert-bytes.
+where one was measured) or given by --layers, --experts, --top-k and --expert-bytes.
 The file has the format `moespec trace` writes, without gate weights.
 """
 
