@@ -11,7 +11,6 @@ from pathlib import Path
 
 from moespec.files import atomic_path
 
-
 # The three prediction versions, as a reader of the figure would name them.
 LABELS = {
     "prediction": "predicted from the fits",
