@@ -45,6 +45,15 @@ def test_stop_repetition_ends_the_stream_where_the_loop_completes():
     assert all(r.finish_reason is None for r in out[:-1])
 
 
+def test_a_long_record_is_cut_at_the_token_that_completes_the_loop():
+    # a speculative step emits several tokens: the stop falls where a plain run's would
+    one_by_one = list(stop_repetition(records([[1], *([[7], [8]] * 20)]), repeats=8))
+    in_steps = list(stop_repetition(records([[1], [7, 8] * 5, [7, 8] * 5, [7, 8] * 10]), 8))
+    tokens = [t for r in one_by_one for t in r.tokens]
+    assert [t for r in in_steps for t in r.tokens] == tokens == [1] + [7, 8] * 12
+    assert in_steps[-1].finish_reason == "repetition" and in_steps[-1].tokens == [7, 8] * 2
+
+
 def test_stop_repetition_zero_passes_everything_through():
     steps = [[1], *([[7, 8]] * 20)]
     out = list(stop_repetition(records(steps), repeats=0))
@@ -134,3 +143,12 @@ def test_the_prompt_is_echoed_dimmed_on_a_terminal_only(checkpoint_dir, terminal
     echoed = "\x1b[2mw1 w2 w3\x1b[0m"
     assert (echoed in out) == terminal
     assert out.replace(echoed, "").count("w") == 3  # the continuation itself
+
+
+def test_a_speculative_run_stops_on_the_same_token_as_plain(capsys, checkpoint_dir):
+    directory, _ = checkpoint_dir("qwen3_moe")
+    result = generate_json(
+        capsys, directory, "--draft", "lookup", "--draft-length", "4", "--compare-plain"
+    )
+    assert result["same_tokens_as_plain"]
+    assert max(len(s["tokens"]) for s in result["steps"]) > 1  # steps of several tokens

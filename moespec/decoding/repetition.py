@@ -4,7 +4,8 @@ A small model decoded greedily often falls into a cycle (`c_c_c_c_...`) that it 
 every further token is the same few tokens again. `stop_repetition` wraps a record stream
 (moespec.decoding.generate) and ends it once the emitted tokens end in `repeats` copies of one
 n-gram (n = 1..max_ngram) spanning at least `min_tokens` tokens, with finish_reason
-"repetition". Tokens are cut at the end of the record that completed the loop.
+"repetition". The output is cut at the very token that completes the loop, whatever the
+record sizes, so a speculative run stops on the same token as a plain run of the same tokens.
 """
 
 from collections.abc import Iterator, Sequence
@@ -44,8 +45,15 @@ def stop_repetition(records: Iterator, repeats: int, min_tokens: int = MIN_TOKEN
         raise ValueError(f"repeats must be >= 0, got {repeats}")
     emitted: list[int] = []
     for record in records:
+        before = len(emitted)
         emitted.extend(record.tokens)
         if repeats and record.finish_reason is None and is_loop(emitted, repeats, min_tokens):
+            end = next(
+                i
+                for i in range(before + 1, len(emitted) + 1)
+                if is_loop(emitted[:i], repeats, min_tokens)
+            )
+            record.tokens = record.tokens[: end - before]
             record.finish_reason = "repetition"
             yield record
             close = getattr(records, "close", None)
