@@ -200,19 +200,17 @@ def run(args: argparse.Namespace) -> int:
             open_offload(args, model, False, 0, note=False) if args.compare_plain else None
         )
         plain = list(
-            stop_repetition(
-                generate(
-                    model,
-                    prompt,
-                    max_tokens=args.max_tokens,
-                    sampler=Sampler(args.temperature, args.top_p, args.seed),
-                    kernels=kernels,
-                    stop_tokens=stops,
-                    offload=plain_offload,
-                ),
-                args.stop_repeats,
+            generate(
+                model,
+                prompt,
+                max_tokens=args.max_tokens,
+                sampler=Sampler(args.temperature, args.top_p, args.seed),
+                kernels=kernels,
+                stop_tokens=stops,
+                offload=plain_offload,
             )
         )
+        plain = list(stop_repetition(iter(plain), args.stop_repeats))  # stops where we will
         if plain_offload is not None:
             plain_offload.close()
     drafter = policy = None
