@@ -163,6 +163,11 @@ def markdown(plan: dict) -> str:
         "",
         "## Verify time (ms) by pass size",
         "",
+        "n: tokens verified in one pass; u(n): the expert bytes a deduplicating pass reads over "
+        "those a per-slot pass reads; r(n): the deduplicating kernel's effective bandwidth over "
+        "the per-slot kernel's (deduplication is faster where u(n) < r(n)); S(n): the time "
+        "deduplication saves on the whole model's pass.",
+        "",
         "| n | u(n) | r(n) | measured slot | measured dedup | predicted slot | "
         "predicted dedup | calibrated dedup | S(n) calibrated |",
         "|---|---|---|---|---|---|---|---|---|",
@@ -183,10 +188,21 @@ def markdown(plan: dict) -> str:
         "",
         "## Best draft length (calibrated V(k))",
         "",
+        "k*: the number of tokens to draft per step that gives the most tokens per second when "
+        "each draft is accepted with the given probability, on the step times V(k) above; "
+        "speedup: its tokens per second over plain decoding's.",
+        "",
         "| acceptance | k* | speedup |",
         "|---|---|---|",
     ]
     for a, entry in calibrated["staircase"].get("by_acceptance", {}).items():
         lines.append(f"| {a} | {entry['best_draft_length']} | {entry['speedup']:.3f} |")
-    lines += ["", "Figures: bandwidth.png, ratio.png, saving.png, staircase.png.", ""]
+    lines += [
+        "",
+        "Figures: bandwidth.png (each kernel's effective bandwidth against n), ratio.png (u(n) "
+        "against r(n)), saving.png (S(n) predicted and measured, with the band the bandwidth "
+        "error allows), staircase.png (k* against the acceptance, with the acceptances where it "
+        "steps up).",
+        "",
+    ]
     return "\n".join(lines)
