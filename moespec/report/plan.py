@@ -189,7 +189,8 @@ def markdown(plan: dict) -> str:
         "## Best draft length (calibrated V(k))",
         "",
         "k*: the number of tokens to draft per step that gives the most tokens per second when "
-        "each draft is accepted with the given probability, on the step times V(k) above; "
+        "each draft is accepted with the given probability, on the step times V(k) (the "
+        "calibrated verify time of k + 1 tokens plus the draft's time for k); "
         "speedup: its tokens per second over plain decoding's.",
         "",
         "| acceptance | k* | speedup |",
