@@ -161,3 +161,18 @@ def test_json_names_the_demo_draft_as_it_names_the_model(capsys):
     result = json.loads(out)
     assert code == 0
     assert (result["model"], result["draft"]) == ("moespec/demo/target", "moespec/demo/draft")
+
+
+@pytest.mark.parametrize("command", ["generate", "trace", "plan", "measure-verify"])
+def test_a_missing_model_directory_fails_before_torch_is_imported(command, tmp_path):
+    argv = {"generate": ["generate", "hi"], "trace": ["trace", "--corpus", "x", "--out", "t"]}
+    missing = str(tmp_path / "nowhere")
+    result = python(
+        "import sys\n"
+        "from moespec.cli import main\n"
+        f"code = main({[*argv.get(command, [command]), '--model', missing]!r})\n"
+        "print(code, 'torch' in sys.modules)\n"
+    )
+    assert result.stdout.split() == ["2", "False"]
+    assert f"{missing} is not a checkpoint directory" in result.stderr
+    assert result.stderr.count("\n") == 1

@@ -22,6 +22,7 @@ import sys
 
 from moespec.cli.options import (
     add_dtype,
+    checkpoint_dir,
     non_negative_int,
     non_negative_number,
     number_in,
@@ -37,6 +38,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--model",
         metavar="DIR",
+        type=checkpoint_dir,
         help="checkpoint directory (default: the embedded demo MoE, drafted by its demo draft)",
     )
     parser.add_argument("--max-tokens", type=positive_int, default=128, metavar="N")

@@ -87,3 +87,12 @@ def non_negative_number(text: str) -> float:
     if not value >= 0:
         raise argparse.ArgumentTypeError(f"must be >= 0, got {text}")
     return value
+
+
+def checkpoint_dir(text: str) -> str:
+    """An argparse type: a directory (what is inside is checked when the model loads)."""
+    from pathlib import Path
+
+    if not Path(text).is_dir():
+        raise argparse.ArgumentTypeError(f"{text} is not a checkpoint directory")
+    return text

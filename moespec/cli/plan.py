@@ -18,14 +18,22 @@ synthetic trace fitted to its published reuse.
 import argparse
 import json
 
-from moespec.cli.options import add_dtype, at_least, non_negative_int, positive_int
+from moespec.cli.options import (
+    add_dtype,
+    at_least,
+    checkpoint_dir,
+    non_negative_int,
+    positive_int,
+)
 
 HELP = "calibrate the expert kernels and write plan.json (crossover, V(k), staircase)"
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     source = parser.add_mutually_exclusive_group()
-    source.add_argument("--model", metavar="DIR", help="checkpoint (default: the demo model)")
+    source.add_argument(
+        "--model", metavar="DIR", type=checkpoint_dir, help="checkpoint (default: the demo model)"
+    )
     source.add_argument(
         "--shape",
         metavar="NAME",

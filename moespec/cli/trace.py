@@ -12,14 +12,17 @@ so far are kept. A document longer than the model's context is refused, or cut t
 import argparse
 import sys
 
-from moespec.cli.options import add_dtype, positive_int
+from moespec.cli.options import add_dtype, checkpoint_dir, positive_int
 
 HELP = "record the routing of a model over documents into a Parquet trace"
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
-        "--model", metavar="DIR", help="checkpoint directory (default: the embedded demo MoE)"
+        "--model",
+        metavar="DIR",
+        type=checkpoint_dir,
+        help="checkpoint directory (default: the embedded demo MoE)",
     )
     parser.add_argument(
         "--corpus",
