@@ -40,6 +40,8 @@ def python(code: str, **kwargs) -> subprocess.CompletedProcess:
         ["measure-verify", "--depth", "-3"],
         ["reuse", "t.parquet", "--confidence", "1.5"],
         ["synth-trace", "--shape", "olmoe-1b-7b", "--tokens", "0", "--out", "x.parquet"],
+        ["generate", "hello", "--plan", "no-such-plan.json"],
+        ["plan", "--trace", "no-such-trace.parquet"],
     ],
 )
 def test_a_bad_argument_fails_in_one_line_before_torch_is_imported(argv):

@@ -23,6 +23,7 @@ import sys
 from moespec.cli.options import (
     add_dtype,
     checkpoint_dir,
+    existing_file,
     non_negative_int,
     non_negative_number,
     number_in,
@@ -81,6 +82,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--plan",
         metavar="FILE",
+        type=existing_file,
         help="plan.json from `moespec plan`: its crossover sets --kernel auto's switch and "
         "its verify times the draft-length policy's V(k)",
     )
@@ -135,6 +137,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     offload.add_argument(
         "--offload-fit",
         metavar="TRACE",
+        type=existing_file,
         help="a routing trace (moespec trace) to fit the policy on (default: the prompt)",
     )
 

@@ -8,7 +8,7 @@ sizes interleave within each repeat. Prints the median per (kernel, n) and the s
 import argparse
 import json
 
-from moespec.cli.options import add_dtype, checkpoint_dir, positive_int
+from moespec.cli.options import add_dtype, checkpoint_dir, existing_file, positive_int
 
 HELP = "measure whole-model verify time per kernel at n = 1..max-n"
 
@@ -17,7 +17,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--model", metavar="DIR", type=checkpoint_dir, help="checkpoint (default: the demo model)"
     )
-    parser.add_argument("--text", metavar="FILE", help="text to verify (default: embedded corpus)")
+    parser.add_argument(
+        "--text",
+        metavar="FILE",
+        type=existing_file,
+        help="text to verify (default: embedded corpus)",
+    )
     parser.add_argument("--kernels", default="slot,dedup")
     parser.add_argument("--max-n", type=positive_int, default=9)
     parser.add_argument(

@@ -96,3 +96,12 @@ def checkpoint_dir(text: str) -> str:
     if not Path(text).is_dir():
         raise argparse.ArgumentTypeError(f"{text} is not a checkpoint directory")
     return text
+
+
+def existing_file(text: str) -> str:
+    """An argparse type: a file that exists (its content is checked when it is read)."""
+    from pathlib import Path
+
+    if not Path(text).is_file():
+        raise argparse.ArgumentTypeError(f"{text}: no such file")
+    return text

@@ -22,6 +22,7 @@ from moespec.cli.options import (
     add_dtype,
     at_least,
     checkpoint_dir,
+    existing_file,
     non_negative_int,
     positive_int,
 )
@@ -40,7 +41,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="random weights of a named shape (qwen3-30b-a3b, olmoe-1b-7b, ...)",
     )
     parser.add_argument("--draft", metavar="DIR", help="draft checkpoint: measure its h(k)")
-    parser.add_argument("--trace", metavar="FILE", help="routing trace (Parquet) of the model")
+    parser.add_argument(
+        "--trace", metavar="FILE", type=existing_file, help="routing trace (Parquet) of the model"
+    )
     parser.add_argument("--reuse2", type=float, help="with --shape: target layer-mean rho(2)")
     parser.add_argument("--out", metavar="DIR", default="moespec-plan")
     add_dtype(parser)
