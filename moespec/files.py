@@ -53,3 +53,52 @@ def write_json(path: str | os.PathLike, obj, *, force: bool = False) -> Path:
     with atomic_path(path, force=force) as tmp:
         tmp.write_text(json.dumps(obj, indent=2, sort_keys=False) + "\n")
     return Path(path)
+
+
+@contextlib.contextmanager
+def output_directory(path: str | os.PathLike) -> Iterator[Path]:
+    """Make the directory of a run's outputs (with its parents); if the run fails or is
+    interrupted before anything is written into it, remove it again: a run leaves what it
+    finished or nothing, never an empty directory."""
+    path = Path(path)
+    if path.exists() and not path.is_dir():
+        raise NotADirectoryError(f"{path} exists and is not a directory")
+    created = not path.exists()
+    path.mkdir(parents=True, exist_ok=True)
+    try:
+        yield path
+    except BaseException:
+        if created and not any(path.iterdir()):
+            path.rmdir()
+        raise
+
+
+@contextlib.contextmanager
+def publish_files(directory: str | os.PathLike, names: list[str], *, force: bool) -> Iterator[Path]:
+    """Write a set of files together: yield a fresh folder beside `directory` to write
+    `names` into; on success move them into `directory` (the folder itself becomes it when
+    it does not exist yet), else remove the folder. An interruption leaves none of the set."""
+    import shutil
+
+    directory = Path(directory)
+    if directory.exists() and not directory.is_dir():
+        raise NotADirectoryError(f"{directory} exists and is not a directory")
+    if directory.is_dir():
+        for name in names:
+            check_writable(directory / name, force=force)
+    parent = directory.absolute().parent
+    if not parent.is_dir():
+        raise FileNotFoundError(f"directory {parent} does not exist (for output {directory})")
+    staging = Path(tempfile.mkdtemp(prefix=f".{directory.name}.", dir=parent))
+    os.chmod(staging, 0o777 & ~_umask())  # mkdtemp makes 0700; outputs get the usual mode
+    try:
+        yield staging
+        if not directory.exists():
+            os.replace(staging, directory)  # the whole set appears at once
+            return
+        for name in names:
+            if (directory / name).exists() and not force:  # appeared while we worked
+                raise OutputExistsError(f"{directory / name} already exists (pass --force)")
+            os.replace(staging / name, directory / name)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)

@@ -83,8 +83,9 @@ def test_ctrl_c_keeps_the_documents_already_routed(
 def test_an_existing_output_is_refused_before_any_work(capsys, corpus, tmp_path):
     out = tmp_path / "t.parquet"
     out.write_text("precious")
+    not_a_model = tmp_path  # a directory, but loading it would fail: it is never loaded
     code, _, err = run_cli(
-        capsys, "trace", "--model", tmp_path / "no-model", "--corpus", *corpus, "--out", out
+        capsys, "trace", "--model", not_a_model, "--corpus", *corpus, "--out", out
     )
     assert code == 2 and "already exists (pass --force" in err and err.count("\n") == 1
     assert out.read_text() == "precious"
@@ -92,7 +93,7 @@ def test_an_existing_output_is_refused_before_any_work(capsys, corpus, tmp_path)
 
 def test_a_missing_corpus_is_one_line_of_error_before_the_model_loads(capsys, tmp_path):
     code, _, err = run_cli(
-        capsys, "trace", "--model", tmp_path / "no-model", "--corpus", tmp_path / "nowhere",
+        capsys, "trace", "--model", tmp_path, "--corpus", tmp_path / "nowhere",
         "--out", tmp_path / "t.parquet",
     )  # fmt: skip
     assert code == 2 and "no such corpus file or folder" in err and err.count("\n") == 1

@@ -94,7 +94,7 @@ def test_routing_shows_temporal_locality_and_balanced_experts(pair):
     from moespec.routing.reuse import reuse_report
 
     (target, tokenizer), _ = pair
-    trace = record_trace(target, tokenizer, held_out_documents(12, 8000))
+    trace = record_trace(target, tokenizer, held_out_documents(12, 8000), truncate="right")
     report = reuse_report(trace, max_n=2, bootstrap=200, seed=0)
     measured = report.measured.reuse_mean[1]
     random_high = report.random_pairing.intervals["reuse_mean"][1][1]

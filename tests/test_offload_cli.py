@@ -51,7 +51,8 @@ def test_report_writes_tables_and_figures_and_refuses_to_clobber(capsys, trace_f
     code, _, _ = run_cli(capsys, *args)
     assert code == 0
     report = (tmp_path / "report.md").read_text()
-    assert "Table 1" in report and "Table 2" in report and "Figure 5" in report
+    for heading in ("per workload and policy", "one part removed", "expert cache size"):
+        assert heading in report
     data = json.loads((tmp_path / "report.json").read_text())
     assert {r["policy"] for r in data["table2"]} >= {"spac", "spac-no-sd", "spac-no-evict"}
     assert {r["cache_ratio"] for r in data["figure5"]} == {0.1, 0.17, 0.25, 0.4, 0.6}

@@ -193,7 +193,7 @@ def test_compare_plain_without_a_draft_compares_plain_with_itself(checkpoint_dir
     assert len(result["compare"]["rounds"]) == 3 and result["same_tokens_as_plain"] is True
     assert all(s["drafted"] == 0 for s in result["steps"])
     assert main([*argv, "--compare-plain", "--rounds", "0"]) == 2
-    assert "--rounds must be >= 1" in capsys.readouterr().err
+    assert "argument --rounds: must be >= 1, got 0" in capsys.readouterr().err
 
 
 def test_auto_draft_with_a_model_directory_on_the_command_line(checkpoint_dir, capsys):

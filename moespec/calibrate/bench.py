@@ -21,6 +21,7 @@ import torch
 from moespec.calibrate.ids import chosen_ids, distinct_count, distinct_levels
 from moespec.calibrate.timing import CacheFlusher, median_iqr, time_runs
 from moespec.kernels import ExpertWeights, get_kernel
+from moespec.progress import Progress, using
 
 FORMAT = "moespec-expert-op-bench/1"
 
@@ -128,8 +129,9 @@ class ExpertOpBenchmark:
             "iqr": iqr,
         }
 
-    def run(self, raw_path: Path, *, progress: bool = True) -> list[dict]:
-        """Time every case not already in `raw_path`; return all records (old and new)."""
+    def run(self, raw_path: Path, *, progress: Progress | bool = True) -> list[dict]:
+        """Time every case not already in `raw_path`; return all records (old and new).
+        progress: a Progress to report into, or whether to show one (moespec.progress)."""
         raw_path = Path(raw_path)
         done = load_raw(raw_path, expect_header=self.header) if raw_path.exists() else []
         finished = {r["key"] for r in done}
@@ -138,7 +140,8 @@ class ExpertOpBenchmark:
         records = list(done)
         if raw_path.exists() and not raw_path.read_bytes().endswith(b"\n"):
             _drop_torn_line(raw_path)  # an interruption cut the last line short
-        with open(raw_path, "a") as out, _progress(progress, len(todo)) as advance:
+        with open(raw_path, "a") as out, using(progress) as bar:
+            bar.start("benchmarking the expert operation", total=len(todo), unit="cases")
             if out.tell() == 0:
                 out.write(json.dumps({"header": self.header}) + "\n")
             for case in todo:
@@ -146,7 +149,7 @@ class ExpertOpBenchmark:
                 out.write(json.dumps(record) + "\n")
                 out.flush()
                 records.append(record)
-                advance()
+                bar.advance()
         return records
 
 
@@ -182,28 +185,6 @@ def load_raw(path: Path, expect_header: dict | None = None) -> list[dict]:
             if number != len(lines):
                 raise ValueError(f"{path}:{number} is not valid JSON") from None
     return records
-
-
-class _progress:
-    """A rich progress bar, or nothing."""
-
-    def __init__(self, enabled: bool, total: int):
-        self.enabled, self.total = enabled and total > 0, total
-
-    def __enter__(self):
-        if not self.enabled:
-            return lambda: None
-        from rich.progress import Progress
-
-        self.bar = Progress(transient=True)
-        self.bar.start()
-        task = self.bar.add_task("expert-operation benchmark", total=self.total)
-        return lambda: self.bar.advance(task)
-
-    def __exit__(self, *exc):
-        if self.enabled:
-            self.bar.stop()
-        return False
 
 
 def medians(records: Iterable[dict], **where) -> list[dict]:

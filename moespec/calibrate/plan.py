@@ -34,8 +34,9 @@ from moespec.calibrate.predict import (
 from moespec.calibrate.timing import read_bandwidth
 from moespec.calibrate.verify import measure_draft_time, measure_verify, verify_table
 from moespec.demo import describe
-from moespec.files import write_json
+from moespec.files import output_directory, write_json
 from moespec.kernels import ExpertWeights
+from moespec.progress import Progress, using
 from moespec.routing.reuse import (
     check_not_degenerate,
     document_part,
@@ -138,7 +139,19 @@ def fit_summary(fits: dict, errors: dict) -> dict:
     return out
 
 
-def make_plan(
+def make_plan(out_dir: Path, *, progress: Progress | bool = True, **options) -> dict:
+    """Run the whole chain for a checkpoint directory; write out_dir/plan.json (+ raw files).
+
+    options: those of `plan_chain` (model_dir, draft_dir, trace_path, dtype, settings,
+    windows, bench_layers, depth, verify_repeats, force). progress: a Progress to report
+    each stage into, or whether to show one. An interruption keeps bench.jsonl (the next
+    run resumes from it) and leaves no empty out_dir behind.
+    """
+    with using(progress) as bar, output_directory(out_dir):
+        return plan_chain(Path(out_dir), progress=bar, **options)
+
+
+def plan_chain(
     out_dir: Path,
     *,
     model_dir: Path | None = None,
@@ -151,19 +164,18 @@ def make_plan(
     depth: int = 256,
     verify_repeats: int = 10,
     force: bool = False,
-    progress: bool = True,
+    progress: Progress,
 ) -> dict:
-    """Run the whole chain for a checkpoint directory; write out_dir/plan.json (+ raw files)."""
+    """The chain of make_plan, in an existing out_dir."""
     from moespec.models import load_model
     from moespec.routing.record import record_trace, tokenize_documents
 
     started = time.perf_counter()
     settings = settings or BenchSettings()
-    out_dir = Path(out_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
     plan_path = out_dir / "plan.json"
     if plan_path.exists() and not force:
         raise FileExistsError(f"{plan_path} already exists (pass --force to overwrite it)")
+    progress.start(f"loading {model_dir}")
     model, tokenizer = load_model(model_dir, dtype=dtype)
     config = model.config
     if not config.is_moe:
@@ -183,7 +195,9 @@ def make_plan(
         if trace.num_experts != config.num_experts or list(trace.layer_indices) != moe_layers:
             raise ValueError(f"{trace_path} was not recorded from this model's routing")
     else:
-        trace = record_trace(model, tokenizer, stdlib_documents())
+        # the embedded corpus's longer files are cut to the model's context
+        progress.start("recording routing on the embedded corpus")
+        trace = record_trace(model, tokenizer, stdlib_documents(), truncate="right")
     check_not_degenerate(trace, str(trace_path or model_dir))
     # U(n) from the trace's fit documents, verify times on test documents (kept disjoint).
     text = [t for _, ids in tokenize_documents(tokenizer, verify_documents()) for t in ids]
@@ -216,10 +230,12 @@ def make_plan(
         pass_sizes=settings.pass_sizes,
         kernels=kernels,
         repeats=verify_repeats,
+        progress=progress,
     )
     measured = {k: np.array(verify_table(verify_records, k, max_n)) for k in kernels}
     plain = float(measured["slot"][0])
     if draft_dir is not None:
+        progress.start(f"measuring the draft's step times h(k) ({draft_dir})")
         draft, draft_tokenizer = load_model(draft_dir, dtype=dtype)
         if not tokenizer.same_vocabulary(draft_tokenizer):
             raise ValueError(f"the draft at {draft_dir} has a different tokenizer vocabulary")
@@ -349,7 +365,14 @@ def random_experts(shape, dtype: torch.dtype, seed: int = 0) -> ExpertWeights:
     return ExpertWeights(gate_up, down).pack()  # as a loaded model holds them
 
 
-def make_shape_plan(
+def make_shape_plan(out_dir: Path, *, progress: Progress | bool = True, **options) -> dict:
+    """One full-size layer of random weights of a named shape (see `shape_plan_chain` for
+    the options); progress and interruptions as for make_plan."""
+    with using(progress) as bar, output_directory(out_dir):
+        return shape_plan_chain(Path(out_dir), progress=bar, **options)
+
+
+def shape_plan_chain(
     out_dir: Path,
     *,
     shape_name: str,
@@ -359,7 +382,7 @@ def make_shape_plan(
     windows: int = 12,
     tokens: int = 20000,
     force: bool = False,
-    progress: bool = True,
+    progress: Progress,
 ) -> dict:
     """One full-size layer of random weights of a named shape, on a synthetic trace fitted to
     the shape's published layer-mean rho(2) (or `reuse2`): the expert operation's fits,
@@ -375,11 +398,10 @@ def make_shape_plan(
     target = reuse2 if reuse2 is not None else shape.published_reuse2
     if target is None:
         raise ValueError(f"shape {shape_name} has no published rho(2); pass --reuse2")
-    out_dir = Path(out_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
     plan_path = out_dir / "plan.json"
     if plan_path.exists() and not force:
         raise FileExistsError(f"{plan_path} already exists (pass --force to overwrite it)")
+    progress.start(f"making a synthetic trace with rho(2) = {target}")
     process = LocalityProcess(shape.num_experts, shape.top_k).fit(target)
     trace = synthetic_trace(
         process,
@@ -391,6 +413,7 @@ def make_shape_plan(
         seed=settings.seed,
     )
     layer = 0
+    progress.start(f"making one layer of {shape.name}'s experts")
     experts = random_experts(shape, parse_dtype(dtype), settings.seed)
     windows_ids = windows_by_layer(trace, [layer], settings.pass_sizes, windows, settings.seed)
     records, kernels, dedup_kernel, fits, errors, bandwidths = bench_and_fit(

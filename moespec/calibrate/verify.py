@@ -15,6 +15,7 @@ from moespec.calibrate.timing import median_iqr
 from moespec.decoding.drafters import ModelDrafter
 from moespec.decoding.sampling import Sampler
 from moespec.models import Transformer
+from moespec.progress import Progress
 
 
 def measure_verify(
@@ -26,9 +27,14 @@ def measure_verify(
     kernels: Sequence[str] = ("slot", "dedup"),
     repeats: int = 10,
     warmup: int = 2,
+    progress: Progress | None = None,
 ) -> list[dict]:
-    """[{kernel, n_tokens, seconds: [...], median, iqr}] of whole-model verify passes."""
+    """[{kernel, n_tokens, seconds: [...], median, iqr}] of whole-model verify passes.
+    progress: reports each round (moespec.progress)."""
+    from moespec.models.context import fit_context
+
     need = depth + max(pass_sizes)
+    fit_context(range(need), model.config, what=f"a pass after {depth} tokens", fix="lower --depth")
     if len(tokens) < need:
         raise ValueError(
             f"measure-verify needs {need} tokens of text (depth {depth} + the "
@@ -37,6 +43,8 @@ def measure_verify(
     cache = model.new_cache(capacity=need + 1)
     model(torch.tensor(tokens[:depth]), cache, kernel="dedup")
     samples: dict[tuple[str, int], list[float]] = {}
+    progress = progress or Progress(False)
+    progress.start("measuring whole-model verify times", total=warmup + repeats, unit="rounds")
     for repeat in range(warmup + repeats):
         for n in pass_sizes:
             for kernel in kernels:
@@ -47,6 +55,7 @@ def measure_verify(
                 cache.rollback(depth)
                 if repeat >= warmup:
                     samples.setdefault((kernel, n), []).append(elapsed)
+        progress.advance()
     records = []
     for (kernel, n), values in sorted(samples.items(), key=lambda kv: (kv[0][1], kv[0][0])):
         median, iqr = median_iqr(values)

@@ -19,8 +19,15 @@ COMMANDS = {
 }
 
 
+class OneLineParser(argparse.ArgumentParser):
+    """Bad arguments are one line (as every other bad input is), exit status 2."""
+
+    def error(self, message: str):
+        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = OneLineParser(
         prog="moespec",
         description="Mixture-of-Experts inference with speculative decoding, decided from "
         "measurement.",
@@ -41,16 +48,37 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    try:
+        # Argument types are checked here, before any command imports torch.
+        args = build_parser().parse_args(argv)
+    except SystemExit as exit:  # a bad argument (2), --help or --version (0)
+        return exit.code if isinstance(exit.code, int) else 2
     try:
         return args.run(args) or 0
     except KeyboardInterrupt:
         print(f"moespec {args.command}: interrupted", file=sys.stderr)
         return 130
+    except BrokenPipeError:
+        # The reader went away (`moespec reuse ... | head`): what it wanted it has.
+        _silence_stdout()
+        return 0
     except (ValueError, OSError) as error:
         # Bad input: one line naming what is wrong, exit status 2 (as argparse does).
         print(f"moespec {args.command}: error: {error}", file=sys.stderr)
         return 2
+
+
+def _silence_stdout() -> None:
+    """Point stdout at /dev/null, so that the interpreter's final flush of the closed pipe
+    does not print 'Exception ignored ... BrokenPipeError' on the way out."""
+    import os
+
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+    except (OSError, ValueError):  # stdout is not a real file (tests capture it)
+        pass
 
 
 if __name__ == "__main__":

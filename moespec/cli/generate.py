@@ -25,6 +25,17 @@ import argparse
 import json
 import sys
 
+from moespec.cli.options import (
+    add_dtype,
+    checkpoint_dir,
+    existing_file,
+    non_negative_int,
+    non_negative_number,
+    number_in,
+    positive_int,
+    positive_number,
+)
+
 HELP = "generate text (streamed), speculating with a draft, the kernel chosen per pass"
 
 
@@ -33,9 +44,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--model",
         metavar="DIR",
+        type=checkpoint_dir,
         help="checkpoint directory (default: the embedded demo MoE, drafted by its demo draft)",
     )
-    parser.add_argument("--max-tokens", type=int, default=128, metavar="N")
+    parser.add_argument("--max-tokens", type=positive_int, default=128, metavar="N")
     parser.add_argument(
         "--draft",
         metavar="auto|auto:DIR|DIR|lookup|oracle:A|none",
@@ -52,7 +64,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--max-draft-length",
-        type=int,
+        type=non_negative_int,
         default=8,
         metavar="K",
         help="k_max for --draft-length auto (default 8)",
@@ -65,7 +77,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--rounds",
-        type=int,
+        type=positive_int,
         default=3,
         metavar="N",
         help="paired rounds of --compare-plain (default 3)",
@@ -77,15 +89,19 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="expert kernel of each pass (default: auto)",
     )
     parser.add_argument(
-        "--crossover", type=int, metavar="N", help="with --kernel auto: deduplicate from n = N"
+        "--crossover",
+        type=positive_int,
+        metavar="N",
+        help="with --kernel auto: deduplicate from n = N",
     )
     parser.add_argument(
         "--plan",
         metavar="FILE",
+        type=existing_file,
         help="plan.json from `moespec plan`: its crossover sets --kernel auto's switch and "
         "its verify times the draft-length policy's V(k)",
     )
-    parser.add_argument("--dtype", default="bf16", choices=["bf16", "fp32"])
+    add_dtype(parser)
     parser.add_argument(
         "--batch-invariant",
         default="on",
@@ -93,12 +109,29 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="verification passes give every token the bits it gets alone, so greedy "
         "speculation equals plain greedy decoding in bf16 too (default: on)",
     )
-    parser.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
-    parser.add_argument("--top-p", type=float, default=1.0)
+    parser.add_argument(
+        "--truncate",
+        default="none",
+        choices=["none", "left"],
+        help="a prompt beyond the model's context (with --max-tokens): refuse it (none, the "
+        "default) or keep its last tokens that fit (left)",
+    )
+    parser.add_argument(
+        "--stop-repeats",
+        type=non_negative_int,
+        default=8,
+        metavar="R",
+        help="stop when the output ends in R copies in a row of one n-gram (1-32 tokens, 24 "
+        "tokens at least): finish reason 'repetition' (default 8; 0: never)",
+    )
+    parser.add_argument(
+        "--temperature", type=non_negative_number, default=0.0, help="0 = greedy (default)"
+    )
+    parser.add_argument("--top-p", type=number_in(0, 1, low_open=True), default=1.0)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument(
         "--threads",
-        type=int,
+        type=positive_int,
         metavar="N",
         help="intra-op threads at most (default: the library's); small products and small "
         "models' passes run on one thread whatever N (moespec.kernels.threads)",
@@ -114,12 +147,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     budget = offload.add_mutually_exclusive_group()
     budget.add_argument(
         "--expert-cache-ratio",
-        type=float,
+        type=positive_number,
         metavar="R",
         help="expert cache budget: this share of all expert bytes (default 0.25)",
     )
     budget.add_argument(
-        "--expert-cache-bytes", type=int, metavar="B", help="expert cache budget in bytes"
+        "--expert-cache-bytes",
+        type=non_negative_int,
+        metavar="B",
+        help="expert cache budget in bytes",
     )
     offload.add_argument(
         "--offload-device",
@@ -130,6 +166,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     offload.add_argument(
         "--offload-fit",
         metavar="TRACE",
+        type=existing_file,
         help="a routing trace (moespec trace) to fit the policy on (default: the prompt)",
     )
 
@@ -153,18 +190,14 @@ def run(args: argparse.Namespace) -> int:
 
     from moespec.decoding import KernelPolicy, Sampler, generate, summarize
     from moespec.decoding.compare import compare_plain
+    from moespec.decoding.repetition import stop_repetition
     from moespec.decoding.setup import greedy_reference, speculation_factory
     from moespec.demo import describe
     from moespec.models import StreamingDetokenizer, load_model
+    from moespec.models.context import fit_context
 
-    if args.max_tokens < 1:
-        raise ValueError(f"--max-tokens must be >= 1, got {args.max_tokens}")
-    if args.rounds < 1:
-        raise ValueError(f"--rounds must be >= 1, got {args.rounds}")
     draft_length = parse_draft_length(args.draft_length)
     if args.threads is not None:
-        if args.threads < 1:
-            raise ValueError(f"--threads must be >= 1, got {args.threads}")
         torch.set_num_threads(args.threads)
     KernelPolicy(args.kernel, args.crossover)  # bad flags fail before the model loads
     check_offload_flags(args)
@@ -191,6 +224,8 @@ def run(args: argparse.Namespace) -> int:
     prompt = tokenizer.encode(args.prompt)
     if not prompt:
         raise ValueError("the prompt encodes to no tokens")
+    given = len(prompt)
+    prompt = fit_context(prompt, model.config, new_tokens=args.max_tokens, truncate=args.truncate)
     stops = model.config.eos_token_ids
 
     make_speculation = None
@@ -222,8 +257,8 @@ def run(args: argparse.Namespace) -> int:
         def decode(max_tokens: int):
             note = notes.pop("offload", False)
             offload = open_offload(args, model, speculative, draft_length, note=note)
-            try:
-                yield from generate(
+            try:  # both arms stop alike at a loop (moespec.decoding.repetition)
+                records = generate(
                     model,
                     prompt,
                     max_tokens=max_tokens,
@@ -233,6 +268,7 @@ def run(args: argparse.Namespace) -> int:
                     stop_tokens=stops,
                     offload=offload,
                 )
+                yield from stop_repetition(records, args.stop_repeats)
             finally:
                 if offload is not None:
                     offload_runs[speculative].append(offload.summary())
@@ -249,6 +285,8 @@ def run(args: argparse.Namespace) -> int:
 
     comparison = None
     speculative = make_speculation is not None
+    if not args.json:
+        echo_prompt(args.prompt if len(prompt) == given else tokenizer.decode(prompt))
     if args.compare_plain:
         comparison, records = compare_plain(
             arm(speculative), arm(False), args.max_tokens, rounds=args.rounds, on_speculative=show
@@ -273,7 +311,7 @@ def run(args: argparse.Namespace) -> int:
             json.dumps(
                 {
                     "model": describe(args.model),
-                    "draft": args.draft,
+                    "draft": draft_name(args.draft),
                     "prompt": args.prompt,
                     "prompt_tokens": prompt,
                     "tokens": tokens,
@@ -288,9 +326,41 @@ def run(args: argparse.Namespace) -> int:
     else:
         print(stream.flush())
         print(format_summary(summary, len(tokens), len(prompt), speculative), file=sys.stderr)
+        print(format_notes(summary, len(prompt), given, args.stop_repeats), file=sys.stderr, end="")
         if summary.get("offload"):
             print(format_offload(summary["offload"]), file=sys.stderr)
     return 0
+
+
+def draft_name(spec: str | None) -> str | None:
+    """The draft as results name it: checkpoints as `describe` names them."""
+    from moespec.demo import describe
+
+    if spec is None or spec in ("auto", "lookup") or spec.startswith("oracle"):
+        return spec
+    if spec.startswith("auto:"):
+        return f"auto:{describe(spec[5:])}"
+    return describe(spec)
+
+
+def format_notes(summary: dict, kept: int, given: int, repeats: int) -> str:
+    """Lines on what changed the run: a truncated prompt, a loop that stopped it."""
+    notes = ""
+    if kept < given:
+        notes += f"note: kept the last {kept} of the prompt's {given} tokens (--truncate left)\n"
+    if summary["finish_reason"] == "repetition":
+        notes += (
+            f"note: stopped: the output repeated one n-gram {repeats} times in a row "
+            "(--stop-repeats 0 decodes on)\n"
+        )
+    return notes
+
+
+def echo_prompt(prompt: str) -> None:
+    """On a terminal, the prompt (dimmed) before its continuation; piped output is the
+    continuation alone."""
+    if sys.stdout.isatty():
+        print(f"\x1b[2m{prompt}\x1b[0m", end="", flush=True)
 
 
 def check_offload_flags(args) -> None:

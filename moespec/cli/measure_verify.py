@@ -8,17 +8,28 @@ sizes interleave within each repeat. Prints the median per (kernel, n) and the s
 import argparse
 import json
 
+from moespec.cli.options import add_dtype, checkpoint_dir, existing_file, positive_int
+
 HELP = "measure whole-model verify time per kernel at n = 1..max-n"
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--model", metavar="DIR", help="checkpoint (default: the demo model)")
-    parser.add_argument("--text", metavar="FILE", help="text to verify (default: embedded corpus)")
+    parser.add_argument(
+        "--model", metavar="DIR", type=checkpoint_dir, help="checkpoint (default: the demo model)"
+    )
+    parser.add_argument(
+        "--text",
+        metavar="FILE",
+        type=existing_file,
+        help="text to verify (default: embedded corpus)",
+    )
     parser.add_argument("--kernels", default="slot,dedup")
-    parser.add_argument("--max-n", type=int, default=9)
-    parser.add_argument("--depth", type=int, default=256, help="context tokens before the pass")
-    parser.add_argument("--repeats", type=int, default=10)
-    parser.add_argument("--dtype", default="bf16", choices=["bf16", "fp32"])
+    parser.add_argument("--max-n", type=positive_int, default=9)
+    parser.add_argument(
+        "--depth", type=positive_int, default=256, help="context tokens before the pass"
+    )
+    parser.add_argument("--repeats", type=positive_int, default=10)
+    add_dtype(parser)
     parser.add_argument("--out", metavar="FILE.json", help="write every sample as JSON")
     parser.add_argument("--force", action="store_true")
     parser.add_argument("--json", action="store_true")
@@ -32,8 +43,6 @@ def run(args: argparse.Namespace) -> int:
     from moespec.files import check_writable, write_json
     from moespec.models import load_model
 
-    if args.max_n < 1 or args.repeats < 1 or args.depth < 1:
-        raise ValueError("--max-n, --repeats and --depth must be >= 1")
     if args.out:
         check_writable(args.out, force=args.force)
     if args.model:
@@ -48,14 +57,18 @@ def run(args: argparse.Namespace) -> int:
     else:
         tokens = [t for d in stdlib_documents(4, 20000) for t in tokenizer.encode(d.text)]
     kernels = tuple(k.strip() for k in args.kernels.split(","))
-    records = measure_verify(
-        model,
-        tokens,
-        depth=args.depth,
-        pass_sizes=tuple(range(1, args.max_n + 1)),
-        kernels=kernels,
-        repeats=args.repeats,
-    )
+    from moespec.progress import Progress, show_progress
+
+    with Progress(show_progress(quiet=args.json)) as progress:
+        records = measure_verify(
+            model,
+            tokens,
+            depth=args.depth,
+            pass_sizes=tuple(range(1, args.max_n + 1)),
+            kernels=kernels,
+            repeats=args.repeats,
+            progress=progress,
+        )
     from moespec.demo import describe
 
     result = {

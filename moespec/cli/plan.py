@@ -2,11 +2,14 @@
 
 With --model (default: the embedded demo model): benchmarks the model's MoE layers (both
 kernels, chosen ids and recorded windows of a routing trace — given by --trace, else recorded
-on the embedded corpus), fits eq. (4) and (E.1), scores them on the windows (epsilon),
-measures whole-model verify times, runs the prediction chain (eq. 22) and writes
-DIR/plan.json and a report (report.md, bandwidth.png, ratio.png, saving.png,
-staircase.png). `moespec generate --plan DIR/plan.json` then switches kernels at the
-crossover and drafts k*(a) on the plan's verify times.
+on the embedded corpus), fits each kernel's time as a fixed time plus a cost per byte read,
+scores the fits on the windows they did not see (the bandwidth error epsilon), measures
+whole-model verify times, predicts the whole model's verify time per pass size from the fits,
+and writes DIR/plan.json and a report (report.md; bandwidth.png: each kernel's effective
+bandwidth; ratio.png: where deduplication pays; saving.png: the time it saves per pass;
+staircase.png: the best draft length per acceptance rate). `moespec generate --plan
+DIR/plan.json` then switches kernels at the crossover and drafts k*(a) on the plan's verify
+times.
 
 With --shape NAME: one full-size layer of random weights of that model's expert shapes, on a
 synthetic trace fitted to its published reuse.
@@ -15,28 +18,45 @@ synthetic trace fitted to its published reuse.
 import argparse
 import json
 
+from moespec.cli.options import (
+    add_dtype,
+    at_least,
+    checkpoint_dir,
+    existing_file,
+    non_negative_int,
+    positive_int,
+)
+
 HELP = "calibrate the expert kernels and write plan.json (crossover, V(k), staircase)"
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     source = parser.add_mutually_exclusive_group()
-    source.add_argument("--model", metavar="DIR", help="checkpoint (default: the demo model)")
+    source.add_argument(
+        "--model", metavar="DIR", type=checkpoint_dir, help="checkpoint (default: the demo model)"
+    )
     source.add_argument(
         "--shape",
         metavar="NAME",
         help="random weights of a named shape (qwen3-30b-a3b, olmoe-1b-7b, ...)",
     )
     parser.add_argument("--draft", metavar="DIR", help="draft checkpoint: measure its h(k)")
-    parser.add_argument("--trace", metavar="FILE", help="routing trace (Parquet) of the model")
+    parser.add_argument(
+        "--trace", metavar="FILE", type=existing_file, help="routing trace (Parquet) of the model"
+    )
     parser.add_argument("--reuse2", type=float, help="with --shape: target layer-mean rho(2)")
     parser.add_argument("--out", metavar="DIR", default="moespec-plan")
-    parser.add_argument("--dtype", default="bf16", choices=["bf16", "fp32"])
+    add_dtype(parser)
     parser.add_argument("--kernels", default="slot,dedup", help="per-slot and a dedup kernel")
-    parser.add_argument("--max-n", type=int, default=9, help="largest pass size (default 9)")
-    parser.add_argument("--repeats", type=int, default=7, help="timed runs per case")
-    parser.add_argument("--windows", type=int, default=12, help="recorded windows per n")
-    parser.add_argument("--flush-mib", type=int, default=256, help="cache flush buffer (MiB)")
-    parser.add_argument("--verify-repeats", type=int, default=10)
+    parser.add_argument(
+        "--max-n", type=at_least(2), default=9, help="largest pass size (default 9)"
+    )
+    parser.add_argument("--repeats", type=positive_int, default=7, help="timed runs per case")
+    parser.add_argument("--windows", type=positive_int, default=12, help="recorded windows per n")
+    parser.add_argument(
+        "--flush-mib", type=non_negative_int, default=256, help="cache flush buffer (MiB)"
+    )
+    parser.add_argument("--verify-repeats", type=positive_int, default=10)
     parser.add_argument("--force", action="store_true", help="overwrite an existing plan")
     parser.add_argument("--json", action="store_true", help="print the plan as JSON")
 
@@ -44,23 +64,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     from pathlib import Path
 
-    from moespec.calibrate.bench import BenchSettings
-    from moespec.calibrate.plan import make_plan, make_shape_plan
-
     kernels = tuple(k.strip() for k in args.kernels.split(","))
     if "slot" not in kernels or len(kernels) != 2:
         raise ValueError(
             f"--kernels must name slot and one deduplicating kernel, got {args.kernels}"
         )
-    for name, value, low in (
-        ("--max-n", args.max_n, 2),
-        ("--repeats", args.repeats, 1),
-        ("--windows", args.windows, 1),
-        ("--flush-mib", args.flush_mib, 0),
-        ("--verify-repeats", args.verify_repeats, 1),
-    ):
-        if value < low:
-            raise ValueError(f"{name} must be >= {low}, got {value}")
+    from moespec.calibrate.bench import BenchSettings
+    from moespec.calibrate.plan import make_plan, make_shape_plan
+
     settings = BenchSettings(
         kernels=kernels,
         pass_sizes=tuple(range(1, args.max_n + 1)),

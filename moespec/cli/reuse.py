@@ -1,36 +1,56 @@
 """Consecutive-token reuse of a routing trace: rho(n), U(n) and u(n) for n = 1..--max-n.
 
-Prints the layer means of the reuse rho_hat(n) (seed 000 eq. 1, estimator of App. D.2), the
-distinct experts U(n) of n consecutive tokens, the distinct share U/(n m) and the byte share
-u(n), with percentile intervals from bootstrap resamples of documents. Against them: independent
-uniform routing (1 - q^(n-1), N (1 - q^n)) and random pairing, the same estimator on each
-layer's tokens in a random order (expert popularity without temporal locality). --split picks
-the fit or test documents (by a hash of their names) or all of them. --plot draws the analogue
-of seed 000 Fig. 1.
+Prints the layer means of the reuse rho(n) (the share of a token's experts that one of the
+n - 1 tokens before it also selected), the distinct experts U(n) of n consecutive tokens, the
+distinct share U/(n m) and the byte share u(n) (the bytes a deduplicating pass reads over
+those a per-slot pass reads), with percentile intervals from bootstrap resamples of documents
+(of blocks of tokens inside them when there are fewer than 5 documents). Against them:
+independent uniform routing (1 - q^(n-1), N (1 - q^n), q = 1 - m/N) and random pairing, the
+same estimator on each layer's tokens in a random order (expert popularity without temporal
+locality). --split picks the fit or test documents (by a hash of their names) or all of them.
+--plot draws reuse against n with those baselines.
 """
 
 import argparse
 import json
+
+from moespec.cli.options import non_negative_int, number_in, positive_int
 
 HELP = "reuse rho(n), union U(n) and byte share u(n) of a routing trace, with intervals"
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("trace", metavar="TRACE", help="trace file (.parquet)")
-    parser.add_argument("--max-n", type=int, default=9, metavar="N", help="largest n (9)")
+    parser.add_argument("--max-n", type=positive_int, default=9, metavar="N", help="largest n (9)")
     parser.add_argument(
-        "--bootstrap", type=int, default=2000, metavar="B", help="resamples (2000; 0: none)"
+        "--bootstrap",
+        type=non_negative_int,
+        default=2000,
+        metavar="B",
+        help="resamples (2000; 0: none)",
+    )
+    parser.add_argument(
+        "--block-tokens",
+        type=positive_int,
+        metavar="N",
+        help="with fewer than 5 documents, the bootstrap resamples blocks of N tokens inside "
+        "them (default: the larger of 4 x --max-n and the cube root of the tokens)",
     )
     parser.add_argument("--seed", type=int, default=0, help="bootstrap and shuffle seed (0)")
     parser.add_argument("--split", default="all", choices=["fit", "test", "all"])
     parser.add_argument(
         "--fit-fraction",
-        type=float,
+        type=number_in(0, 1),
         default=0.5,
         metavar="F",
         help="share of documents the hash puts in the fit part (0.5)",
     )
-    parser.add_argument("--confidence", type=float, default=0.95, help="interval level (0.95)")
+    parser.add_argument(
+        "--confidence",
+        type=number_in(0, 1, low_open=True, high_open=True),
+        default=0.95,
+        help="interval level (0.95)",
+    )
     parser.add_argument("--json", action="store_true", help="print one JSON object")
     parser.add_argument("--plot", metavar="FILE.png", help="draw reuse against n to a PNG file")
     parser.add_argument("--force", action="store_true", help="overwrite an existing --plot file")
@@ -41,15 +61,12 @@ def run(args: argparse.Namespace) -> int:
     from moespec.routing.reuse import reuse_report, split_trace
     from moespec.routing.store import read_trace
 
-    if args.max_n < 1:
-        raise ValueError(f"--max-n must be >= 1, got {args.max_n}")
-    if args.bootstrap < 0:
-        raise ValueError(f"--bootstrap must be >= 0, got {args.bootstrap}")
     if args.plot:
         check_writable(args.plot, force=args.force)
-    from rich.console import Console
+    from moespec.progress import Progress, show_progress
 
-    with Console(stderr=True).status(f"reading and analysing {args.trace}"):
+    with Progress(show_progress(quiet=args.json)) as progress:
+        progress.start(f"reading {args.trace}")
         trace = split_trace(read_trace(args.trace), args.split, args.fit_fraction)
         report = reuse_report(
             trace,
@@ -57,6 +74,8 @@ def run(args: argparse.Namespace) -> int:
             bootstrap=args.bootstrap,
             seed=args.seed,
             confidence=args.confidence,
+            block_tokens=args.block_tokens,
+            progress=progress,
         )
     if args.json:
         print(json.dumps({"trace": str(args.trace), "split": args.split, **report.to_dict()}))
@@ -81,8 +100,10 @@ def format_report(report, trace_name: str, split: str) -> str:
     if report.bootstrap:
         lines.append(
             f"layer means; {report.confidence:.0%} intervals from {report.bootstrap} bootstrap "
-            f"resamples of documents (seed {report.seed})"
+            f"resamples of {report.resampling} (seed {report.seed})"
         )
+    elif report.no_interval:
+        lines.append(f"layer means; no intervals: {report.no_interval}")
     else:
         lines.append("layer means; no bootstrap")
     lines.append(

@@ -9,8 +9,10 @@ spac-no-prefetch, spac-no-evict, spac-no-sd, spac-literal-delta), with speculati
 expert bytes), on a hardware profile (rtx4090-pcie4, a100-pcie4, this-machine, or a JSON file).
 Prints tokens/s, latency per token, cache hit rate, hot/cold accuracy (beside that of the
 forecast "active in the previous pass"), frequency sMAPE and
-bytes moved per policy. --report DIR also runs the Table 1 / Table 2 / Figure 5 analogues
-(and a draft-length sweep) and writes them as Markdown, PNG and JSON.
+bytes moved per policy. --report DIR also simulates the comparisons of the MoE-SpAc paper
+(tokens/s per workload and policy, SpAc with one part removed at a time, tokens/s against the
+cache size and against the draft length) and writes them as Markdown, PNG and JSON; an
+interrupted report writes nothing.
 """
 
 import argparse
@@ -72,6 +74,7 @@ def run(args: argparse.Namespace) -> int:
     from moespec.offload import make_policy
     from moespec.offload.experiments import compare_policies, settings_for
     from moespec.offload.hardware import get_profile
+    from moespec.progress import Progress, show_progress
 
     names = [n.strip() for n in args.policy.split(",") if n.strip()]
     if not names:
@@ -83,19 +86,26 @@ def run(args: argparse.Namespace) -> int:
 
         check_report_dir(args.report, force=args.force)
     profile = get_profile(args.profile)
-    workload = load_workload(args)
-    settings = settings_for(
-        workload,
-        cache_ratio=args.cache_ratio,
-        draft_length=args.draft_length,
-        acceptance=args.acceptance,
-        tokens=args.tokens,
-        seed=args.seed,
-    )
-    with _progress(quiet=args.json) as progress:
-        results = compare_policies(workload, names, profile, settings, progress)
+    with Progress(show_progress(quiet=args.json)) as progress:
+        progress.start("reading the trace" if args.trace else "making the synthetic trace")
+        workload = load_workload(args)
+        settings = settings_for(
+            workload,
+            cache_ratio=args.cache_ratio,
+            draft_length=args.draft_length,
+            acceptance=args.acceptance,
+            tokens=args.tokens,
+            seed=args.seed,
+        )
+        progress.start("simulating", total=len(names), unit="runs")
+        results = compare_policies(workload, names, profile, settings, progress.step)
         if args.report:
-            paths = write_full_report(args, workload, names, profile, settings, progress)
+            try:
+                paths = write_full_report(args, workload, names, profile, settings, progress)
+            except KeyboardInterrupt:
+                progress.close()
+                print(f"interrupted: nothing written to {args.report}", file=sys.stderr)
+                raise
     if args.json:
         print(json.dumps(results, indent=2))
     else:
@@ -125,9 +135,11 @@ def load_workload(args):
 def write_full_report(args, workload, names, profile, settings, progress):
     from dataclasses import asdict
 
+    from moespec.offload import ABLATIONS
     from moespec.offload.experiments import (
         CACHE_RATIOS,
         DRAFT_LENGTHS,
+        PAPER_ACCEPTANCES,
         ablation_table,
         sweep,
         workload_table,
@@ -136,6 +148,11 @@ def write_full_report(args, workload, names, profile, settings, progress):
 
     baselines_ar = [f"{n}-ar" for n in ("lru", "static", "hybrid")]
     table_names = list(dict.fromkeys([*names, *baselines_ar]))
+    draft_lengths = [k for k in DRAFT_LENGTHS if k + 1 <= settings.tokens]
+    runs = len(names) * (len(CACHE_RATIOS) + len(draft_lengths))
+    runs += len(table_names) * len(PAPER_ACCEPTANCES) + len(ABLATIONS)
+    progress.start("simulating the report", total=runs, unit="runs")
+    step = progress.step
     trace = workload.trace
     data = {
         "settings": asdict(settings),
@@ -147,21 +164,16 @@ def write_full_report(args, workload, names, profile, settings, progress):
             "top_k": trace.top_k,
             "metadata": trace.metadata,
         },
-        "table1": workload_table(workload, table_names, profile, settings, progress=progress),
-        "table2": ablation_table(workload, profile, settings, progress),
-        "figure5": sweep(workload, names, profile, settings, "cache_ratio", CACHE_RATIOS, progress),
+        "table1": workload_table(workload, table_names, profile, settings, progress=step),
+        "table2": ablation_table(workload, profile, settings, step),
+        "figure5": sweep(workload, names, profile, settings, "cache_ratio", CACHE_RATIOS, step),
         "draft_length": sweep(
-            workload,
-            names,
-            profile,
-            settings,
-            "draft_length",
-            [k for k in DRAFT_LENGTHS if k + 1 <= settings.tokens],
-            progress,
+            workload, names, profile, settings, "draft_length", draft_lengths, step
         ),
         "versions": _versions(),
     }
     data["workload"]["smape"] = data["table2"][0]["frequency_smape"]
+    progress.start(f"writing the report to {args.report}")
     return write_report(args.report, data, force=args.force)
 
 
@@ -179,27 +191,6 @@ def _versions() -> dict:
         "machine": platform.machine(),
         "processor": platform.processor(),
     }
-
-
-class _progress:
-    """A rich progress line on stderr (nothing with --json or when stderr is not a terminal)."""
-
-    def __init__(self, quiet: bool):
-        self.quiet = quiet or not sys.stderr.isatty()
-
-    def __enter__(self):
-        if self.quiet:
-            return lambda label: None
-        from rich.console import Console
-
-        self.status = Console(stderr=True).status("simulating")
-        self.status.start()
-        return lambda label: self.status.update(f"simulating {label}")
-
-    def __exit__(self, *exc):
-        if not self.quiet:
-            self.status.stop()
-        return False
 
 
 def format_results(results: dict, workload: str, profile: str, settings: dict) -> str:

@@ -1,8 +1,9 @@
 """The best draft length k*(a) as a staircase in the acceptance a, from a step-time table.
 
 Given V(0), ..., V(k_max) (the time of a step that drafts k tokens and verifies k + 1), prints
-the step points a_1..a_kmax (B.31), the first-draft threshold a_0 (B.4), and for each acceptance
-the best draft length k*(a) with its speedup over plain decoding (9). Exact arithmetic: numbers
+the step points a_1..a_kmax (the acceptance rates at which the best draft length steps up by
+one), the first-draft threshold a_0 (below it, drafting does not pay), and for each acceptance
+the best draft length k*(a) with its speedup over plain decoding. Exact arithmetic: numbers
 are read as decimals or fractions (e.g. 13/20) and computed as fractions.
 
 Without --step-times it uses a built-in example: a deduplicating engine on OLMoE-1B-7B's byte
@@ -41,9 +42,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--acceptance",
         nargs="+",
+        action="extend",
         metavar="A",
-        default=DEFAULT_ACCEPTANCES,
-        help="acceptance rates in [0, 1) (default: 11 values from 0.2 to 0.98)",
+        help="acceptance rates in [0, 1), as a list or a repeated flag (default: 11 values "
+        "from 0.2 to 0.98)",
     )
     parser.add_argument("--json", action="store_true", help="print one JSON object")
     parser.add_argument("--plot", metavar="FILE.png", help="draw the staircase to a PNG file")
@@ -111,7 +113,7 @@ def run(args: argparse.Namespace) -> int:
     given = args.step_times is not None
     step_times = parse_step_times(args.step_times) if given else example_step_times()
     acceptances = {}
-    for text in args.acceptance:
+    for text in args.acceptance or DEFAULT_ACCEPTANCES:
         a = parse_number(text, "--acceptance")
         if not 0 <= a < 1:
             raise ValueError(f"--acceptance: {text} is not in [0, 1)")

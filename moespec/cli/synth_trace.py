@@ -4,11 +4,13 @@ The routing process keeps each of the previous token's experts with probability 
 the rest from a skewed expert popularity (Zipf of exponent --skew, fixed per layer); p is
 fitted so that the layer-mean rho(2) is --reuse2. --uniform writes independent uniform routing
 instead. The shape is a built-in preset (--shape; its published rho(2) is the default target
-where seed 000 measured one) or given by --layers, --experts, --top-k and --expert-bytes.
+where one was measured) or given by --layers, --experts, --top-k and --expert-bytes.
 The file has the format `moespec trace` writes, without gate weights.
 """
 
 import argparse
+
+from moespec.cli.options import positive_int
 
 HELP = "write a synthetic routing trace with a target reuse rho(2)"
 
@@ -17,11 +19,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     from moespec.routing.shapes import SHAPES
 
     parser.add_argument("--shape", choices=sorted(SHAPES), help="a built-in model shape")
-    parser.add_argument("--layers", type=int, metavar="L", help="MoE layers (without --shape)")
-    parser.add_argument("--experts", type=int, metavar="N", help="experts per layer")
-    parser.add_argument("--top-k", type=int, metavar="M", help="experts per token")
     parser.add_argument(
-        "--expert-bytes", type=int, metavar="B", help="bytes of one expert (without --shape)"
+        "--layers", type=positive_int, metavar="L", help="MoE layers (without --shape)"
+    )
+    parser.add_argument("--experts", type=positive_int, metavar="N", help="experts per layer")
+    parser.add_argument("--top-k", type=positive_int, metavar="M", help="experts per token")
+    parser.add_argument(
+        "--expert-bytes",
+        type=positive_int,
+        metavar="B",
+        help="bytes of one expert (without --shape)",
     )
     target = parser.add_mutually_exclusive_group()
     target.add_argument("--reuse2", type=float, metavar="R", help="target layer-mean rho(2)")
@@ -29,8 +36,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--skew", type=float, default=0.5, help="Zipf exponent of expert popularity (0.5)"
     )
-    parser.add_argument("--tokens", type=int, required=True, metavar="T", help="tokens in all")
-    parser.add_argument("--documents", type=int, default=1, metavar="D", help="documents (1)")
+    parser.add_argument(
+        "--tokens", type=positive_int, required=True, metavar="T", help="tokens in all"
+    )
+    parser.add_argument(
+        "--documents", type=positive_int, default=1, metavar="D", help="documents (1)"
+    )
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", required=True, metavar="FILE", help="trace file (.parquet)")
     parser.add_argument("--force", action="store_true", help="overwrite an existing --out file")
@@ -74,8 +85,8 @@ def resolve_shape(args: argparse.Namespace) -> dict:
 
 
 def run(args: argparse.Namespace) -> int:
-    from moespec.cli.trace import progress_bar
     from moespec.files import check_writable
+    from moespec.progress import Progress, show_progress
     from moespec.routing.store import TraceWriter
     from moespec.routing.synthetic import (
         LocalityProcess,
@@ -94,7 +105,8 @@ def run(args: argparse.Namespace) -> int:
         raise ValueError("give --reuse2 R (the target layer-mean rho(2)) or --uniform")
     else:
         process = LocalityProcess(shape["experts"], shape["top_k"], popularity_skew=args.skew)
-        with _status(f"fitting the keep probability to rho(2) = {target}"):
+        with Progress(show_progress()) as progress:
+            progress.start(f"fitting the keep probability to rho(2) = {target}")
             process.fit(target, seed=args.seed)
     metadata = {**process.metadata(), "seed": args.seed}
     if not args.uniform:
@@ -111,20 +123,15 @@ def run(args: argparse.Namespace) -> int:
     }
     names = document_names(args.documents)
     writer = TraceWriter(args.out, header, with_weights=False, force=args.force)
-    with progress_bar(args.tokens) as advance, writer:
+    with Progress(show_progress()) as progress, writer:
+        progress.start("writing synthetic routing", total=args.tokens, unit="tokens")
         documents = process.documents(shape["layers"], lengths, args.seed)
         for name, ids in zip(names, documents, strict=True):
             writer.add(name, ids)
-            advance(len(ids))
+            progress.advance(len(ids))
     fitted = "" if args.uniform else f", p = {process.p:.4f} (rho(2) {process.reuse2_:.3f})"
     print(
         f"wrote {args.out}: {shape['name']}, {args.documents} documents, {args.tokens} tokens"
         f"{fitted}"
     )
     return 0
-
-
-def _status(message: str):
-    from rich.console import Console
-
-    return Console(stderr=True).status(message)

@@ -13,6 +13,7 @@ from moespec.models import llama, mixtral, olmoe, qwen3, qwen3_moe
 from moespec.models.cache import KVCache
 from moespec.models.checkpoint import CheckpointError, TensorReader, load_experts, read_json
 from moespec.models.config import ConfigError, ModelConfig, eos_ids
+from moespec.models.context import ContextOverflowError, context_length, fit_context
 from moespec.models.layers import Attention, DenseMLP
 from moespec.models.moe import MoEBlock, RoutingSink, route
 from moespec.models.tokenizer import StreamingDetokenizer, Tokenizer
@@ -39,6 +40,7 @@ __all__ = [
     "ARCHITECTURES",
     "CheckpointError",
     "ConfigError",
+    "ContextOverflowError",
     "KVCache",
     "ModelConfig",
     "MoEBlock",
@@ -46,6 +48,8 @@ __all__ = [
     "StreamingDetokenizer",
     "Tokenizer",
     "Transformer",
+    "context_length",
+    "fit_context",
     "load_config",
     "load_model",
     "parse_dtype",

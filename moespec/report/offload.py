@@ -7,25 +7,38 @@ report.md, report.json, table1.png, table2.png, figure5.png and draft-length.png
 
 from pathlib import Path
 
-from moespec.files import atomic_path, check_writable, write_json
+from moespec.files import atomic_path, check_writable, publish_files, write_json
 
 FILES = ["report.md", "report.json", "table1.png", "table2.png", "figure5.png", "draft-length.png"]
 BASELINE_PREFIXES = ("lru", "static", "hybrid")
 
 
 def check_report_dir(directory, *, force: bool) -> Path:
-    """Refuse early when the directory's report files exist (without force)."""
+    """Refuse early when the directory's report files exist (without force) or it cannot be
+    made; nothing is created until the report is written."""
     directory = Path(directory)
     if directory.exists() and not directory.is_dir():
         raise NotADirectoryError(f"--report {directory} is not a directory")
-    directory.mkdir(exist_ok=True)
-    for name in FILES:
-        check_writable(directory / name, force=force)
+    if directory.is_dir():
+        for name in FILES:
+            check_writable(directory / name, force=force)
+    elif not directory.absolute().parent.is_dir():
+        raise FileNotFoundError(
+            f"--report {directory}: directory {directory.parent} does not exist"
+        )
     return directory
 
 
 def write_report(directory, data: dict, *, force: bool = False) -> list[Path]:
-    directory = check_report_dir(directory, force=force)
+    """Write every file of the report together (moespec.files.publish_files): an
+    interruption leaves the directory as it was."""
+    directory = Path(directory)
+    with publish_files(directory, FILES, force=force) as staging:
+        _write_files(staging, data)
+    return [directory / name for name in FILES]
+
+
+def _write_files(directory: Path, data: dict, force: bool = False) -> None:
     write_json(directory / "report.json", data, force=force)
     _bars(
         data["table1"],
@@ -39,7 +52,7 @@ def write_report(directory, data: dict, *, force: bool = False) -> list[Path]:
         "workload",
         directory / "table2.png",
         force,
-        "SpAc ablations: tokens/s",
+        "SpAc with one part removed at a time: tokens/s",
     )
     _lines(
         data["figure5"],
@@ -57,7 +70,6 @@ def write_report(directory, data: dict, *, force: bool = False) -> list[Path]:
     )
     with atomic_path(directory / "report.md", force=force) as tmp:
         tmp.write_text(markdown(data))
-    return [directory / name for name in FILES]
 
 
 def _policies(rows) -> list[str]:
@@ -71,7 +83,11 @@ def _fmt(value, digits=2) -> str:
 def markdown(data: dict) -> str:
     s, w = data["settings"], data["workload"]
     lines = [
-        "# Offloaded experts: simulated scheduling (seed 003 analogues)",
+        "# Offloaded experts: simulated scheduling",
+        "",
+        "The comparisons of the MoE-SpAc paper (Li et al., 2026), simulated on this trace "
+        "and hardware profile: tokens/s per workload and policy, SpAc with one part removed at "
+        "a time, and tokens/s against the expert cache size and against the draft length.",
         "",
         f"Workload: {w['name']} ({w['layers']} MoE layers, {w['experts']} experts, top-"
         f"{w['top_k']}, frequency sMAPE {_fmt(w.get('smape'), 3)}). Profile: "
@@ -80,11 +96,11 @@ def markdown(data: dict) -> str:
         f"acceptance {s['acceptance']}, {s['tokens']} tokens, seed {s['seed']}. "
         "Policies ending in -ar decode without speculation.",
         "",
-        "## Table 1: tokens/s (latency per token, ms) per workload",
+        "## Tokens/s (latency per token, ms) per workload and policy",
         "",
         *_table1(data["table1"]),
         "",
-        "## Table 2: ablations of SpAc",
+        "## SpAc with one part removed at a time",
         "",
         "| variant | tokens/s | latency (ms/token) | hit rate | hot/cold accuracy "
         "| previous-pass forecast | GB moved |",
@@ -100,10 +116,10 @@ def markdown(data: dict) -> str:
     lines += [
         "",
         "Hot/cold accuracy: the share of experts a policy forecast right as active or not "
-        "(utility >= 1 for SpAc), averaged over layers (seed 003 §4.3). Previous-pass forecast: "
+        "(utility >= 1 for SpAc), averaged over layers. Previous-pass forecast: "
         "the same score for the forecast 'hot = active in the previous pass', on the same passes.",
     ]
-    lines += ["", "![ablations](table2.png)", "", "## Figure 5: tokens/s vs cache ratio", ""]
+    lines += ["", "![ablations](table2.png)", "", "## Tokens/s against the expert cache size", ""]
     lines += _pivot(data["figure5"], "cache_ratio")
     lines += ["", "![cache ratio](figure5.png)", "", "## Tokens/s vs draft length", ""]
     lines += _pivot(data["draft_length"], "draft_length")
@@ -189,6 +205,10 @@ def _lines(rows, key, path, force, title) -> None:
         points = [(r[key], r["tokens_per_second"]) for r in rows if r["policy"] == p]
         ax.plot(*zip(*points, strict=True), marker="o", label=p)
     ax.set_xlabel(key.replace("_", " "))
+    if key == "draft_length":
+        from matplotlib.ticker import MaxNLocator
+
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     ax.set_ylabel("tokens/s")
     ax.set_title(title)
     ax.legend(fontsize=7)

@@ -10,6 +10,7 @@ def plot_staircase(step_times: Sequence, path: str, *, force: bool = False) -> N
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from matplotlib.ticker import MaxNLocator
 
     from moespec.costmodel import best_draft_length, step_points
 
@@ -27,8 +28,9 @@ def plot_staircase(step_times: Sequence, path: str, *, force: bool = False) -> N
     ax.set_ylabel("k*(a)")
     ax.set_xlim(0, 1)
     ax.set_ylim(-0.3, len(step_times) - 0.7)
+    ax.yaxis.set_major_locator(MaxNLocator(integer=True))  # draft lengths are whole tokens
     ax.legend(loc="upper left")
-    ax.set_title("Best draft length (seed 000, eq. B.31)")
+    ax.set_title("Best draft length for each acceptance rate, and where it steps up")
     fig.tight_layout()
     with atomic_path(path, force=force) as tmp:
         fig.savefig(tmp, format="png")

@@ -74,6 +74,20 @@ def tokenize_documents(
     return result
 
 
+def fit_documents(
+    documents: Iterable[tuple[str, list[int]]], config, *, truncate: str = "none"
+) -> list[tuple[str, list[int]]]:
+    """(name, token ids) of documents that fit the model's context; a longer one is refused
+    with one line (truncate "none"), or cut to its last ("left") or first ("right") tokens."""
+    from moespec.models.context import fit_context
+
+    fix = "pass --truncate right to keep its first {keep} tokens (or left: its last)"
+    return [
+        (name, fit_context(ids, config, truncate=truncate, what=f"document {name!r}", fix=fix))
+        for name, ids in documents
+    ]
+
+
 def record_routing(
     model,
     documents: Iterable[tuple[str, list[int]]],
@@ -82,11 +96,13 @@ def record_routing(
     kernel: str = "dedup",
     on_tokens: Callable[[int], None] | None = None,
 ) -> Iterator[RecordedDocument]:
-    """Route every token of every document; yield each document once it is complete."""
+    """Route every token of every document; yield each document once it is complete.
+    A document beyond the model's context is refused before any is routed."""
     import torch
 
     if chunk_tokens < 1:
         raise ValueError(f"chunk_tokens must be >= 1, got {chunk_tokens}")
+    documents = fit_documents(documents, model.config)
     recorder = RoutingRecorder(model.moe_blocks, model.config.num_experts)
     for name, token_ids in documents:
         tokens = torch.tensor(token_ids, dtype=torch.long)
@@ -124,14 +140,17 @@ def record_trace(
     *,
     max_tokens: int | None = None,
     chunk_tokens: int = CHUNK_TOKENS,
+    truncate: str = "none",
 ) -> RoutingTrace:
     """An in-memory trace of the documents (for files, stream `record_routing` into a
-    `TraceWriter` instead)."""
+    `TraceWriter` instead). truncate: what to do with a document beyond the model's
+    context (see fit_documents)."""
     header = model_header(model)
+    tokenized = tokenize_documents(tokenizer, documents, max_tokens=max_tokens)
     recorded = list(
         record_routing(
             model,
-            tokenize_documents(tokenizer, documents, max_tokens=max_tokens),
+            fit_documents(tokenized, model.config, truncate=truncate),
             chunk_tokens=chunk_tokens,
         )
     )

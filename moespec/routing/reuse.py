@@ -5,10 +5,14 @@ counts the last token's experts that an earlier token of the window also selecte
 windows, divided by m x windows, is rho_hat_l(n) (eq. 1). X_l,t(n), the distinct experts of a
 window, averaged over windows is U_hat_l(n); the byte share is u(n) = sum_l w_l U_l(n) / (n m W).
 
-Everything is computed from per-document sufficient statistics (sums over windows, window
-counts), so a bootstrap resample of documents is a weighted sum of them: 2000 resamples cost a
-few matrix products. T = tokens, L = MoE layers, m = experts per token, D = documents,
-n_max = the largest window.
+Everything is computed from sufficient statistics per resampling unit (sums over windows,
+window counts), so a bootstrap resample of units is a weighted sum of them: 2000 resamples
+cost a few matrix products. The units are the documents; with fewer than MIN_UNITS of them
+(a resample of one document is that document again, and the interval collapses onto the
+estimate) they are blocks of consecutive windows inside the documents, a block bootstrap
+(Kunsch 1989; Carlstein 1986 for non-overlapping blocks), each window counted in the block
+where it starts. T = tokens, L = MoE layers, m = experts per token, D = units, n_max = the
+largest window.
 """
 
 import hashlib
@@ -20,13 +24,15 @@ import numpy as np
 from moespec.routing.trace import RoutingTrace
 
 BOOTSTRAP_BATCH = 250
+MIN_UNITS = 5  # fewer documents than this: resample blocks of tokens instead
 
 
 @dataclass
 class DocumentStatistics:
-    """Sufficient statistics per document, for window sizes n = 1..n_max.
+    """Sufficient statistics per unit (a document, or a block of one), for n = 1..n_max.
 
-    windows[d, n-1]: windows of n tokens inside document d, max(T_d - n + 1, 0);
+    windows[d, n-1]: windows of n tokens inside the unit's document that start in unit d
+    (for a whole document, max(T_d - n + 1, 0));
     reused[d, l, n-1]: the sum over those windows of |S_last ∩ (S_first ∪ ... )| in layer l;
     distinct[d, l, n-1]: the sum over those windows of X_l,t(n).
     """
@@ -43,26 +49,54 @@ class DocumentStatistics:
 
 
 def document_statistics(
-    trace: RoutingTrace, max_n: int = 9, *, shuffle_seed: int | None = None
+    trace: RoutingTrace,
+    max_n: int = 9,
+    *,
+    shuffle_seed: int | None = None,
+    block_tokens: int | None = None,
 ) -> DocumentStatistics:
-    """Per-document sums of the estimators. With shuffle_seed, each layer's tokens are first
-    put in a random order (one permutation per layer, across documents): random pairing."""
+    """Per-document sums of the estimators (per block of `block_tokens` window starts inside
+    each document, when given). With shuffle_seed, each layer's tokens are first put in a
+    random order (one permutation per layer, across documents): random pairing."""
     if max_n < 1:
         raise ValueError(f"max_n must be >= 1, got {max_n}")
     starts = np.asarray(trace.doc_starts, np.int64)
+    first, end, doc_end = _units(starts, block_tokens)
     rng = None if shuffle_seed is None else np.random.default_rng(shuffle_seed)
     layers, m = trace.num_layers, trace.top_k
-    reused = np.zeros((trace.num_documents, layers, max_n), np.int64)
+    reused = np.zeros((len(first), layers, max_n), np.int64)
     distinct = np.zeros_like(reused)
     for layer in range(layers):
         ids = trace.expert_ids[:, layer, :]  # [T, m]
         if rng is not None:
             ids = ids[rng.permutation(len(ids))]
         repeats = repeated_experts(ids, max_n, trace.num_experts)
-        reused[:, layer], distinct[:, layer] = _window_sums(repeats, starts, m)
-    lengths = np.diff(starts)[:, None]  # [D, 1]
-    windows = np.maximum(lengths - np.arange(max_n)[None, :], 0)  # [D, n_max]
+        reused[:, layer], distinct[:, layer] = _window_sums(repeats, first, end, doc_end, m)
+    windows = _window_counts(first, end, doc_end, max_n)
     return DocumentStatistics(windows, reused, distinct, m, np.asarray(trace.expert_bytes, float))
+
+
+def _units(starts: np.ndarray, block_tokens: int | None):
+    """(first, end, doc_end) [D] of the units: windows starting at first <= u0 < end, inside
+    a document ending at doc_end. Whole documents, or blocks of block_tokens starts."""
+    if block_tokens is None:
+        return starts[:-1], starts[1:], starts[1:]
+    if block_tokens < 1:
+        raise ValueError(f"block_tokens must be >= 1, got {block_tokens}")
+    first, doc_end = [], []
+    for start, stop in zip(starts[:-1], starts[1:], strict=True):
+        block_starts = np.arange(start, max(stop, start + 1), block_tokens)
+        first.append(block_starts)
+        doc_end.append(np.full(len(block_starts), stop))
+    first, doc_end = np.concatenate(first), np.concatenate(doc_end)
+    return first, np.minimum(first + block_tokens, doc_end), doc_end
+
+
+def _window_counts(first, end, doc_end, max_n: int) -> np.ndarray:
+    """[D, n_max]: windows of n tokens starting in [first, end) and ending by doc_end."""
+    n = np.arange(1, max_n + 1)[None, :]
+    last_start = np.minimum(end[:, None], doc_end[:, None] - n + 1)  # exclusive
+    return np.maximum(last_start - first[:, None], 0)
 
 
 def repeated_experts(ids: np.ndarray, max_n: int, num_experts: int) -> np.ndarray:
@@ -94,26 +128,26 @@ def repeated_experts(ids: np.ndarray, max_n: int, num_experts: int) -> np.ndarra
     return repeats
 
 
-def _window_sums(repeats: np.ndarray, starts: np.ndarray, m: int):
-    """(reused [D, n_max], distinct [D, n_max]) of one layer from R [T, n_max].
+def _window_sums(repeats: np.ndarray, first, end, doc_end, m: int):
+    """(reused [D, n_max], distinct [D, n_max]) of one layer from R [T, n_max], over the
+    windows that start in [first, end) of each unit and end by its doc_end.
 
-    A window of n tokens from u0 has X = sum_j (m - R[u0 + j - 1, j - 1]): its j-th token adds
-    the experts no earlier token of the window selected. Prefix sums over tokens make every
-    window sum two lookups.
+    A window of n tokens from u0 reuses R[u0 + n - 1, n - 1] of its last token's experts and
+    has X = sum_j (m - R[u0 + j - 1, j - 1]): its j-th token adds the experts no earlier token
+    of the window selected. Prefix sums over tokens make every window sum two lookups.
     """
     max_n = repeats.shape[1]
     prefix = np.zeros((len(repeats) + 1, max_n), np.int64)
     np.cumsum(repeats, axis=0, out=prefix[1:])  # [T + 1, n_max]
-    first, end = starts[:-1], starts[1:]  # [D]
-    windows = np.maximum((end - first)[:, None] - np.arange(max_n)[None, :], 0)  # [D, n_max]
+    windows = _window_counts(first, end, doc_end, max_n)  # [D, n_max]
     reused = np.zeros((len(first), max_n), np.int64)
     distinct = np.zeros_like(reused)
     for n in range(1, max_n + 1):
-        last = np.minimum(first + n - 1, end)  # first token that ends a window of n
-        reused[:, n - 1] = prefix[end, n - 1] - prefix[last, n - 1]
         count = windows[:, n - 1]
+        last = np.minimum(first + n - 1, doc_end)  # the last token of the first window
+        reused[:, n - 1] = prefix[last + count, n - 1] - prefix[last, n - 1]
         for j in range(1, n + 1):
-            lo = np.minimum(first + j - 1, end)  # the j-th tokens of the windows
+            lo = np.minimum(first + j - 1, doc_end)  # the j-th tokens of the windows
             repeated = prefix[lo + count, j - 1] - prefix[lo, j - 1]
             distinct[:, n - 1] += m * count - repeated
     return reused, distinct
@@ -195,9 +229,11 @@ def estimate(
     bootstrap: int = 2000,
     seed: int = 0,
     confidence: float = 0.95,
+    progress=None,
 ) -> ReuseEstimate:
-    """Point estimates over all documents, and percentile intervals from `bootstrap`
-    resamples of documents with replacement (seeded)."""
+    """Point estimates over all units, and percentile intervals from `bootstrap` resamples
+    of the units (documents or blocks) with replacement (seeded). progress: a
+    moespec.progress.Progress advanced by each resample."""
     if bootstrap < 0:
         raise ValueError(f"bootstrap must be >= 0, got {bootstrap}")
     if not 0 < confidence < 1:
@@ -214,6 +250,8 @@ def estimate(
             size = min(BOOTSTRAP_BATCH, bootstrap - start)
             counts = rng.multinomial(docs, np.full(docs, 1 / docs), size=size)  # [b, D]
             batches.append(weighted_estimates(stats, counts.astype(float)))
+            if progress is not None:
+                progress.advance(size)
         tail = 100 * (1 - confidence) / 2
         for name in ReuseEstimate.FIELDS:
             samples = np.concatenate([b[name] for b in batches])  # [B, ...]
@@ -274,6 +312,9 @@ class ReuseReport:
     measured: ReuseEstimate
     random_pairing: ReuseEstimate
     uniform: dict
+    # what the bootstrap resampled ("documents", "blocks of 64 tokens"), or why it did not
+    resampling: str | None = None
+    no_interval: str | None = None
 
     @property
     def max_n(self) -> int:
@@ -291,6 +332,8 @@ class ReuseReport:
             "bootstrap": self.bootstrap,
             "seed": self.seed,
             "confidence": self.confidence,
+            "resampling": self.resampling,
+            "no_interval": self.no_interval,
             "measured": self.measured.to_dict(),
             "random_pairing": self.random_pairing.to_dict(),
             "uniform": self.uniform,
@@ -304,13 +347,43 @@ def reuse_report(
     bootstrap: int = 2000,
     seed: int = 0,
     confidence: float = 0.95,
+    block_tokens: int | None = None,
+    progress=None,
 ) -> ReuseReport:
     """Measured reuse with intervals, the random-pairing baseline (the same estimator after
     shuffling each layer's tokens: expert popularity without temporal locality) and the
-    independent-uniform curves."""
+    independent-uniform curves. The bootstrap resamples documents, or with fewer than
+    MIN_UNITS of them blocks of `block_tokens` (default: block_length) inside them; with
+    fewer blocks than that too it draws no interval and says why (`no_interval`)."""
+    from moespec.progress import Progress
+
+    progress = progress or Progress(False)
+    resampling, no_interval = "documents", None
+    if bootstrap and trace.num_documents < MIN_UNITS:
+        block_tokens = block_tokens or block_length(trace.num_tokens, max_n)
+        blocks = len(_units(np.asarray(trace.doc_starts, np.int64), block_tokens)[0])
+        resampling = f"blocks of {block_tokens} tokens"
+        if blocks < MIN_UNITS:
+            resampling, no_interval = (
+                None,
+                (
+                    f"{trace.num_documents} document(s) of {trace.num_tokens} tokens make "
+                    f"{blocks} block(s) of {block_tokens}; a bootstrap needs {MIN_UNITS} or more"
+                ),
+            )
+            bootstrap = 0
+    blocks = block_tokens if resampling and resampling.startswith("blocks") else None
     settings = {"bootstrap": bootstrap, "seed": seed, "confidence": confidence}
-    measured = estimate(document_statistics(trace, max_n), **settings)
-    shuffled = estimate(document_statistics(trace, max_n, shuffle_seed=seed), **settings)
+    progress.start("counting reuse in windows of tokens", total=2 * trace.num_layers)
+    statistics = []
+    for shuffle in (None, seed):
+        statistics.append(
+            document_statistics(trace, max_n, shuffle_seed=shuffle, block_tokens=blocks)
+        )
+        progress.advance(trace.num_layers)
+    if bootstrap:
+        progress.start(f"bootstrap over {resampling}", total=2 * bootstrap, unit="resamples")
+    measured, shuffled = (estimate(s, **settings, progress=progress) for s in statistics)
     return ReuseReport(
         model=trace.model,
         num_layers=trace.num_layers,
@@ -321,6 +394,8 @@ def reuse_report(
         measured=measured,
         random_pairing=shuffled,
         uniform=uniform_curves(trace.num_experts, trace.top_k, max_n),
+        resampling=resampling if bootstrap else None,
+        no_interval=no_interval,
         **settings,
     )
 
@@ -344,3 +419,9 @@ def check_not_degenerate(trace: RoutingTrace, source: str) -> None:
             f"{distinct} distinct expert set(s) per layer): the text reaches the model as one "
             "repeated token; give the checkpoint a real tokenizer"
         )
+
+
+def block_length(tokens: int, max_n: int) -> int:
+    """Tokens per block of the block bootstrap: the usual T^(1/3) rate (Hall, Horowitz and
+    Jing 1995), but never under 4 n_max windows, so a block holds windows of every size."""
+    return max(4 * max_n, round(tokens ** (1 / 3)))

@@ -1,0 +1,107 @@
+"""Argument types shared by the commands, checked by argparse before anything heavy imports.
+
+A wrong number or name is an argparse error (usage line, one message, exit 2) within a tenth
+of a second, instead of after torch has loaded.
+"""
+
+import argparse
+
+# The dtype names the commands accept (ours and torch's), each to the name used downstream.
+DTYPE_NAMES = {"bf16": "bf16", "bfloat16": "bf16", "fp32": "fp32", "float32": "fp32"}
+
+
+def dtype_name(text: str) -> str:
+    """'bf16' or 'fp32' from either spelling (bf16/bfloat16, fp32/float32)."""
+    key = text.strip().lower().removeprefix("torch.")
+    if key not in DTYPE_NAMES:
+        raise argparse.ArgumentTypeError(
+            f"unknown dtype {text!r}; choose bf16 (bfloat16) or fp32 (float32)"
+        )
+    return DTYPE_NAMES[key]
+
+
+def add_dtype(parser: argparse.ArgumentParser, default: str = "bf16") -> None:
+    parser.add_argument(
+        "--dtype",
+        default=default,
+        type=dtype_name,
+        metavar="bf16|fp32",
+        help=f"weight dtype: bf16 (bfloat16) or fp32 (float32); default {default}",
+    )
+
+
+def at_least(low: int):
+    """An argparse type: an integer >= low."""
+
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+        if value < low:
+            raise argparse.ArgumentTypeError(f"must be >= {low}, got {value}")
+        return value
+
+    parse.__name__ = f"integer >= {low}"
+    return parse
+
+
+positive_int = at_least(1)
+non_negative_int = at_least(0)
+
+
+def number_in(low: float, high: float, *, low_open: bool = False, high_open: bool = False):
+    """An argparse type: a float in [low, high], either end open when asked."""
+    left, right = "(" if low_open else "[", ")" if high_open else "]"
+
+    def parse(text: str) -> float:
+        try:
+            value = float(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+        above = value > low if low_open else value >= low
+        below = value < high if high_open else value <= high
+        if not (above and below):
+            raise argparse.ArgumentTypeError(f"must be in {left}{low}, {high}{right}, got {text}")
+        return value
+
+    parse.__name__ = f"number in {left}{low}, {high}{right}"
+    return parse
+
+
+def positive_number(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"must be > 0, got {text}")
+    return value
+
+
+def non_negative_number(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+    if not value >= 0:
+        raise argparse.ArgumentTypeError(f"must be >= 0, got {text}")
+    return value
+
+
+def checkpoint_dir(text: str) -> str:
+    """An argparse type: a directory (what is inside is checked when the model loads)."""
+    from pathlib import Path
+
+    if not Path(text).is_dir():
+        raise argparse.ArgumentTypeError(f"{text} is not a checkpoint directory")
+    return text
+
+
+def existing_file(text: str) -> str:
+    """An argparse type: a file that exists (its content is checked when it is read)."""
+    from pathlib import Path
+
+    if not Path(text).is_file():
+        raise argparse.ArgumentTypeError(f"{text}: no such file")
+    return text
