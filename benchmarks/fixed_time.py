@@ -1,6 +1,7 @@
 """The fixed time of a decode step: the demo target and draft, before/after, beside transformers.
 
-    python benchmarks/fixed_time.py --before /path/to/other/tree \
+    git archive COMMIT | tar -x -C /tmp/before   # the tree to compare with
+    python benchmarks/fixed_time.py --before /tmp/before --before-label COMMIT \
         --out benchmarks/results/fixed_time.json
 
 For each model of the embedded demo pair (moespec/demo/target, a 14M Qwen3-MoE; and
@@ -232,6 +233,9 @@ def main(argv=None) -> int:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--threads", default="1,2", help="thread counts, comma-separated")
     parser.add_argument("--before", type=Path, help="another moespec tree to time alongside")
+    parser.add_argument(
+        "--before-label", help="what --before is, for the results (e.g. its commit)"
+    )
     parser.add_argument("--gguf-target", help="the demo target as GGUF, for llama.cpp")
     parser.add_argument("--gguf-draft", help="the demo draft as GGUF, for llama.cpp")
     parser.add_argument("--out", type=Path)
@@ -276,7 +280,7 @@ def main(argv=None) -> int:
             **{k: v for k, v in vars(args).items() if k not in ("worker", "engine", "model_dir")},
             "threads": threads,
             "out": str(args.out),
-            "before": str(args.before) if args.before else None,
+            "before": args.before_label or (str(args.before) if args.before else None),
             "prompt": PROMPT,
             "dtype": "bf16",
             "batch": 1,
