@@ -25,6 +25,8 @@ bytes. Here  fixed = step time - B / beta,  with B the bytes a one-token step re
 weights incl. the head, m experts per MoE layer, the keys and values at the mean depth) and
 beta the best read bandwidth measured on this machine at the same thread count (the larger of
 summing a 1 GiB buffer and the library's bf16 GEMV streaming 64 MiB of distinct weights).
+Weights that stay in the last-level cache between steps read faster than beta, so this
+fixed time is a lower bound of the true one.
 Paired ratios are per round (same round, adjacent processes) with their range.
 """
 
