@@ -22,8 +22,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import machine  # noqa: E402
 
 from moespec.calibrate.plan import verify_documents  # noqa: E402
-from moespec.decoding import DraftLengthPolicy, ModelDrafter, Sampler, generate  # noqa: E402
-from moespec.decoding import summarize  # noqa: E402
+from moespec.decoding import (  # noqa: E402
+    DraftLengthPolicy,
+    ModelDrafter,
+    Sampler,
+    generate,
+    summarize,
+)
 from moespec.decoding.setup import speculation_factory  # noqa: E402
 from moespec.demo import demo_paths  # noqa: E402
 from moespec.files import check_writable, write_json  # noqa: E402
@@ -134,7 +139,8 @@ def main(argv=None) -> int:
         ratio = row["invariant_over_off_tokens_per_second"]
         same = row["same_tokens_as_plain"]
         print(
-            f"{mode:8s} invariant/off {ratio['median']:.3f} ({ratio['min']:.3f}-{ratio['max']:.3f}); "
+            f"{mode:8s} invariant/off {ratio['median']:.3f} "
+            f"({ratio['min']:.3f}-{ratio['max']:.3f}); "
             f"same tokens as plain: invariant {same['invariant']}/{same['runs']}, "
             f"off {same['off']}/{same['runs']}"
         )
