@@ -62,10 +62,17 @@ def run(args: argparse.Namespace) -> int:
         raise ValueError(f"needs {' and '.join(missing)}: pip install 'moespec[serve]'")
     if not 0 <= args.port <= 65535:
         raise ValueError(f"--port must be in [0, 65535], got {args.port}")
-    from moespec.serve import load_engine, serve
+    from moespec.serve import serve
 
-    engine = load_engine(
-        args.model,
+    def listening(url, engine):
+        draft = engine.speculation.draft or "none"
+        print(f"moespec serve: {engine.model_name} (draft {draft}) on {url}", flush=True)
+
+    serve(
+        args.host,
+        args.port,
+        listening,
+        model=args.model,
         draft=args.draft,
         draft_length=parse_draft_length(args.draft_length),
         max_draft_length=args.max_draft_length,
@@ -75,14 +82,5 @@ def run(args: argparse.Namespace) -> int:
         dtype=args.dtype,
         max_queue=args.max_queue,
         max_tokens_limit=args.max_tokens_limit,
-    )
-    draft = engine.speculation.draft or "none"
-    serve(
-        engine,
-        args.host,
-        args.port,
-        on_listening=lambda url: print(
-            f"moespec serve: {engine.model_name} (draft {draft}) on {url}", flush=True
-        ),
     )
     return 0

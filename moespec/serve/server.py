@@ -29,8 +29,13 @@ def load_engine(
     from moespec.serve.speculation import build_speculation
     from moespec.serve.text import ChatTemplate, read_chat_template
 
-    KernelPolicy(kernel, crossover)  # bad flags fail before the model loads
-    Engine.check_limits(max_queue, max_tokens_limit)
+    check_settings(
+        draft=draft,
+        kernel=kernel,
+        crossover=crossover,
+        max_queue=max_queue,
+        max_tokens_limit=max_tokens_limit,
+    )
     if model is None:
         from moespec.demo import demo_paths
 
@@ -67,6 +72,19 @@ def load_engine(
     )
 
 
+def check_settings(
+    *, draft=None, kernel="auto", crossover=None, max_queue=16, max_tokens_limit=1024, **_
+) -> None:
+    """Settings that are wrong whatever the model: fail before it loads (or a port is bound)."""
+    from moespec.decoding import KernelPolicy
+    from moespec.decoding.setup import parse_oracle
+
+    KernelPolicy(kernel, crossover)
+    Engine.check_limits(max_queue, max_tokens_limit)
+    if draft is not None and draft.startswith("oracle"):
+        parse_oracle(draft)
+
+
 def bind(host: str, port: int) -> socket.socket:
     """A listening TCP socket on (host, port); port 0 takes a free one."""
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
@@ -82,19 +100,29 @@ def bind(host: str, port: int) -> socket.socket:
     return sock
 
 
-def serve(engine: Engine, host: str, port: int, on_listening: Callable[[str], None]) -> None:
-    """Run the server until interrupted; `on_listening(url)` once the socket accepts."""
+def serve(host: str, port: int, on_listening: Callable[[str, Engine], None], **settings) -> None:
+    """Bind (host, port) first (a port in use fails before the model loads), load the engine
+    with `settings` (those of load_engine), then serve until Ctrl-C (SIGINT) and return
+    after a graceful shutdown; `on_listening(url, engine)` once the socket accepts."""
     import uvicorn
 
     from moespec.serve.app import create_app
 
+    check_settings(**settings)
     sock = bind(host, port)
-    bound_host, bound_port = sock.getsockname()[:2]
-    shown = f"[{bound_host}]" if ":" in bound_host else bound_host
-    config = uvicorn.Config(create_app(engine), log_level="warning", timeout_graceful_shutdown=5)
-    on_listening(f"http://{shown}:{bound_port}")
+    engine = None
     try:
+        engine = load_engine(**settings)
+        bound_host, bound_port = sock.getsockname()[:2]
+        shown = f"[{bound_host}]" if ":" in bound_host else bound_host
+        config = uvicorn.Config(
+            create_app(engine), log_level="warning", timeout_graceful_shutdown=5
+        )
+        on_listening(f"http://{shown}:{bound_port}", engine)
         uvicorn.Server(config).run(sockets=[sock])
+    except KeyboardInterrupt:  # uvicorn re-raises the SIGINT it shut down on: a normal end
+        pass
     finally:
-        engine.close()
+        if engine is not None:
+            engine.close()
         sock.close()
