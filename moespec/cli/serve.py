@@ -65,8 +65,8 @@ def run(args: argparse.Namespace) -> int:
     from moespec.serve import serve
 
     def listening(url, engine):
-        draft = engine.speculation.draft or "none"
-        print(f"moespec serve: {engine.model_name} (draft {draft}) on {url}", flush=True)
+        name = f"{engine.model_name} (draft {engine.speculation.name})"
+        print(f"moespec serve: {name} on {url}", flush=True)
 
     serve(
         args.host,

@@ -256,6 +256,9 @@ def validation_error(errors) -> ApiError:
     where = [str(part) for part in first.get("loc", ()) if part != "body"]
     if first.get("type") == "json_invalid":
         return ApiError(400, f"the body is not valid JSON: {first.get('msg')}", code="json_invalid")
+    if not where:  # the body itself: not an object, or not sent as JSON
+        message = "the body must be a JSON object (Content-Type: application/json)"
+        return ApiError(400, message, code=first.get("type"))
     param = ".".join(where) or None
     message = f"{param}: {first.get('msg')}" if param else str(first.get("msg"))
     return ApiError(400, message, param=param, code=first.get("type"))

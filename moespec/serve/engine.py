@@ -39,7 +39,6 @@ class Job:
     loop: asyncio.AbstractEventLoop
     events: asyncio.Queue = field(default_factory=asyncio.Queue)
     cancelled: threading.Event = field(default_factory=threading.Event)
-    started: threading.Event = field(default_factory=threading.Event)
     finished: threading.Event = field(default_factory=threading.Event)
 
     def cancel(self) -> None:
@@ -153,7 +152,6 @@ class Engine:
     def _work(self) -> None:
         while (job := self._next()) is not None:
             start = time.perf_counter()
-            job.started.set()
             try:
                 if not job.cancelled.is_set():
                     self._decode(job)
@@ -213,6 +211,6 @@ class Engine:
                     key: stats[key]
                     for key in ("drafted", "accepted", "decode_steps", "tokens_per_second")
                 }
-                | {"draft": spec.draft},
+                | {"draft": spec.name},
             },
         )

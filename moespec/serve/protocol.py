@@ -37,10 +37,6 @@ class ApiError(Exception):
         }
 
 
-class StreamOptions(BaseModel):
-    include_usage: bool = False
-
-
 class Sampling(BaseModel):
     """Fields common to both endpoints."""
 
@@ -53,8 +49,7 @@ class Sampling(BaseModel):
     top_p: float = 1.0
     seed: int | None = None
     stop: str | list[str] | None = None
-    stream: bool = False
-    stream_options: StreamOptions | None = None
+    stream: bool = False  # the last chunk always carries usage (stream_options ignored)
     n: int = 1
 
     def stop_strings(self) -> list[str]:
@@ -83,8 +78,13 @@ class CompletionRequest(Sampling):
 
     def check(self) -> None:
         super().check()
-        for name in ("echo", "logprobs", "best_of"):
-            if getattr(self, name) not in (None, False, 1 if name == "best_of" else None):
+        unsupported = {
+            "echo": self.echo,
+            "logprobs": self.logprobs is not None,
+            "best_of": self.best_of not in (None, 1),
+        }
+        for name, asked in unsupported.items():
+            if asked:
                 raise ApiError(400, f"{name} is not supported", param=name)
 
 

@@ -28,6 +28,13 @@ class Speculation:
     policy: DraftLengthPolicy | None
     draft_model: Transformer | None = None
 
+    @property
+    def name(self) -> str:
+        """The draft as results name it ("moespec/demo/draft" for the demo's), or "none"."""
+        from moespec.demo import describe
+
+        return "none" if self.draft is None else describe(self.draft)
+
     def check(self, sampler: Sampler) -> None:
         """Refuse a request this speculation cannot serve (before it is queued)."""
         if self.draft is not None and self.draft.startswith("oracle") and not sampler.greedy:
