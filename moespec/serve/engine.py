@@ -200,17 +200,15 @@ class Engine:
         finally:
             steps.close()
         self.metrics.count_generation(finish, len(job.prompt), records)
-        stats = summarize(records)
-        job.send(
-            "done",
-            {
-                "finish_reason": finish,
-                "completion_tokens": stats["generated_tokens"],
-                "tokens": [t for r in records for t in r.tokens],
-                "stats": {
-                    key: stats[key]
-                    for key in ("drafted", "accepted", "decode_steps", "tokens_per_second")
-                }
-                | {"draft": spec.name},
-            },
-        )
+        job.send("done", done_event(records, finish, spec.name))
+
+
+def done_event(records, finish_reason: str, draft: str) -> dict:
+    """What a finished job reports: its finish reason, token count and speculation stats."""
+    stats = summarize(records)
+    keep = ("drafted", "accepted", "decode_steps", "tokens_per_second")
+    return {
+        "finish_reason": finish_reason,
+        "completion_tokens": stats["generated_tokens"],
+        "stats": {key: stats[key] for key in keep} | {"draft": draft},
+    }
