@@ -16,6 +16,7 @@ COMMANDS = {
     "trace": "moespec.cli.trace",
     "reuse": "moespec.cli.reuse",
     "synth-trace": "moespec.cli.synth_trace",
+    "serve": "moespec.cli.serve",
 }
 
 

@@ -1,0 +1,86 @@
+"""Serve a model over HTTP with the OpenAI API, speculating per request.
+
+POST /v1/completions and /v1/chat/completions (with "stream": true as server-sent events),
+GET /v1/models, /health, /metrics (Prometheus text). Batch size 1: requests wait in a queue of
+--max-queue; a full queue answers 429 with Retry-After. Each request decodes through the same
+loop as `moespec generate`: drafted by --draft (default: the demo draft with the demo model,
+else none), the draft length chosen by --draft-length (default auto: k*(a) from the cost
+model), the expert kernel by --kernel. Listens on loopback unless --host says otherwise.
+Needs the optional dependencies: pip install 'moespec[serve]'.
+"""
+
+import argparse
+import importlib.util
+
+from moespec.cli.generate import parse_draft_length
+
+HELP = "serve the model with an OpenAI-compatible HTTP API (speculative decoding per request)"
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--model",
+        metavar="DIR",
+        help="checkpoint directory (default: the embedded demo MoE, drafted by its demo draft)",
+    )
+    parser.add_argument(
+        "--draft",
+        metavar="DIR|oracle:A|lookup|none",
+        help="draft: a checkpoint sharing the tokenizer, the oracle at acceptance A (greedy "
+        "requests only), prompt lookup, or none (default: the demo draft with the demo model)",
+    )
+    parser.add_argument("--draft-length", default="auto", metavar="K|auto")
+    parser.add_argument("--max-draft-length", type=int, default=8, metavar="K")
+    parser.add_argument(
+        "--kernel",
+        default="auto",
+        choices=["auto", "slot", "dedup", "dedup-linear", "reference"],
+        help="expert kernel of each pass (default: auto)",
+    )
+    parser.add_argument("--crossover", type=int, metavar="N")
+    parser.add_argument(
+        "--plan", metavar="FILE", help="plan.json from `moespec plan` (crossover and V(k))"
+    )
+    parser.add_argument("--dtype", default="bf16", choices=["bf16", "fp32"])
+    parser.add_argument("--host", default="127.0.0.1", help="address to listen on (loopback)")
+    parser.add_argument("--port", type=int, default=8000, help="port (0: a free one)")
+    parser.add_argument(
+        "--max-queue", type=int, default=16, metavar="N", help="requests that may wait (16)"
+    )
+    parser.add_argument(
+        "--max-tokens-limit",
+        type=int,
+        default=1024,
+        metavar="N",
+        help="the most max_tokens a request may ask for (1024)",
+    )
+
+
+def run(args: argparse.Namespace) -> int:
+    missing = [m for m in ("fastapi", "uvicorn") if importlib.util.find_spec(m) is None]
+    if missing:
+        raise ValueError(f"needs {' and '.join(missing)}: pip install 'moespec[serve]'")
+    if not 0 <= args.port <= 65535:
+        raise ValueError(f"--port must be in [0, 65535], got {args.port}")
+    from moespec.serve import serve
+
+    def listening(url, engine):
+        name = f"{engine.model_name} (draft {engine.speculation.name})"
+        print(f"moespec serve: {name} on {url}", flush=True)
+
+    serve(
+        args.host,
+        args.port,
+        listening,
+        model=args.model,
+        draft=args.draft,
+        draft_length=parse_draft_length(args.draft_length),
+        max_draft_length=args.max_draft_length,
+        kernel=args.kernel,
+        crossover=args.crossover,
+        plan=args.plan,
+        dtype=args.dtype,
+        max_queue=args.max_queue,
+        max_tokens_limit=args.max_tokens_limit,
+    )
+    return 0

@@ -1,0 +1,128 @@
+"""Starting a server: load the checkpoint (default: the embedded demo pair), build the engine
+and the app, and run uvicorn on a socket bound here (so port 0 picks a free port)."""
+
+import socket
+from collections.abc import Callable
+from pathlib import Path
+
+from moespec.serve.engine import Engine
+
+
+def load_engine(
+    model: str | None = None,
+    *,
+    draft: str | None = None,
+    draft_length: int | str = "auto",
+    max_draft_length: int = 8,
+    kernel: str = "auto",
+    crossover: int | None = None,
+    plan: str | None = None,
+    dtype: str = "bf16",
+    max_queue: int = 16,
+    max_tokens_limit: int = 1024,
+) -> Engine:
+    """An engine as `moespec generate` would decode: the demo target drafted by the demo draft
+    when no model is given; draft "none" (or no draft with another model) decodes plainly."""
+    from moespec.decoding import KernelPolicy
+    from moespec.demo import describe
+    from moespec.models import load_model
+    from moespec.serve.speculation import build_speculation
+    from moespec.serve.text import ChatTemplate, read_chat_template
+
+    check_settings(
+        draft=draft,
+        kernel=kernel,
+        crossover=crossover,
+        max_queue=max_queue,
+        max_tokens_limit=max_tokens_limit,
+    )
+    if model is None:
+        from moespec.demo import demo_paths
+
+        model, demo_draft = map(str, demo_paths())
+        draft = demo_draft if draft is None else draft
+    draft = None if draft == "none" else draft
+    target, tokenizer = load_model(model, dtype=dtype)
+    loaded_plan = None
+    if plan is not None:
+        from moespec.calibrate.plan import load_plan
+
+        loaded_plan = load_plan(plan, target.config)
+        if crossover is None:
+            crossover = loaded_plan["kernel"]["crossover"]
+    speculation = build_speculation(
+        draft,
+        target=target,
+        tokenizer=tokenizer,
+        dtype=dtype,
+        draft_length=draft_length,
+        max_draft_length=max_draft_length,
+        plan=loaded_plan,
+    )
+    special = {"eos_token": tokenizer.decode(list(target.config.eos_token_ids[:1]))}
+    return Engine(
+        target,
+        tokenizer,
+        speculation,
+        model_name=describe(model),
+        kernels=KernelPolicy(kernel, crossover),
+        chat_template=ChatTemplate(read_chat_template(Path(model)), special),
+        max_queue=max_queue,
+        max_tokens_limit=max_tokens_limit,
+    )
+
+
+def check_settings(
+    *, draft=None, kernel="auto", crossover=None, max_queue=16, max_tokens_limit=1024, **_
+) -> None:
+    """Settings that are wrong whatever the model: fail before it loads (or a port is bound)."""
+    from moespec.decoding import KernelPolicy
+    from moespec.decoding.setup import parse_oracle
+
+    KernelPolicy(kernel, crossover)
+    Engine.check_limits(max_queue, max_tokens_limit)
+    if draft is not None and draft.startswith("oracle"):
+        parse_oracle(draft)
+
+
+def bind(host: str, port: int) -> socket.socket:
+    """A listening TCP socket on (host, port); port 0 takes a free one."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host, port))
+    except OSError as error:
+        sock.close()
+        raise OSError(f"cannot listen on {host}:{port}: {error.strerror or error}") from None
+    sock.listen(128)
+    sock.set_inheritable(True)
+    return sock
+
+
+def serve(host: str, port: int, on_listening: Callable[[str, Engine], None], **settings) -> None:
+    """Bind (host, port) first (a port in use fails before the model loads), load the engine
+    with `settings` (those of load_engine), then serve until Ctrl-C (SIGINT) and return
+    after a graceful shutdown; `on_listening(url, engine)` once the socket accepts."""
+    import uvicorn
+
+    from moespec.serve.app import create_app
+
+    check_settings(**settings)
+    sock = bind(host, port)
+    engine = None
+    try:
+        engine = load_engine(**settings)
+        bound_host, bound_port = sock.getsockname()[:2]
+        shown = f"[{bound_host}]" if ":" in bound_host else bound_host
+        config = uvicorn.Config(
+            create_app(engine), log_level="warning", timeout_graceful_shutdown=5
+        )
+        on_listening(f"http://{shown}:{bound_port}", engine)
+        uvicorn.Server(config).run(sockets=[sock])
+    except KeyboardInterrupt:  # uvicorn re-raises the SIGINT it shut down on: a normal end
+        pass
+    finally:
+        if engine is not None:
+            engine.close()
+        sock.close()
