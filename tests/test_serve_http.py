@@ -215,7 +215,7 @@ def test_the_command_serves_the_demo_pair_on_a_free_port():
     )
     try:
         line = read_line(server)
-        assert "moespec/demo/target (draft moespec/demo/draft)" in line, line
+        assert "moespec/demo/target (draft auto:moespec/demo/draft)" in line, line
         url = line.rsplit(" ", 1)[1].strip()
         assert url.startswith("http://127.0.0.1:")
         done = client_for(url).completions.create(

@@ -191,7 +191,7 @@ def run(args: argparse.Namespace) -> int:
     from moespec.decoding import KernelPolicy, Sampler, generate, summarize
     from moespec.decoding.compare import compare_plain
     from moespec.decoding.repetition import stop_repetition
-    from moespec.decoding.setup import greedy_reference, speculation_factory
+    from moespec.decoding.setup import draft_name, greedy_reference, speculation_factory
     from moespec.demo import describe
     from moespec.models import StreamingDetokenizer, load_model
     from moespec.models.context import fit_context
@@ -330,17 +330,6 @@ def run(args: argparse.Namespace) -> int:
         if summary.get("offload"):
             print(format_offload(summary["offload"]), file=sys.stderr)
     return 0
-
-
-def draft_name(spec: str | None) -> str | None:
-    """The draft as results name it: checkpoints as `describe` names them."""
-    from moespec.demo import describe
-
-    if spec is None or spec in ("auto", "lookup") or spec.startswith("oracle"):
-        return spec
-    if spec.startswith("auto:"):
-        return f"auto:{describe(spec[5:])}"
-    return describe(spec)
 
 
 def format_notes(summary: dict, kept: int, given: int, repeats: int) -> str:

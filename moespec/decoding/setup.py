@@ -163,3 +163,14 @@ def draft_length_policy(
         draft_times=plan["draft_time"] if same_draft else None,
         measured_verify=measured_verify,
     )
+
+
+def draft_name(spec: str | None) -> str | None:
+    """The draft as results name it: checkpoints as `describe` names them."""
+    from moespec.demo import describe
+
+    if spec is None or spec in ("auto", "lookup") or spec.startswith("oracle"):
+        return spec
+    if spec.startswith("auto:"):
+        return f"auto:{describe(spec[5:])}"
+    return describe(spec)

@@ -93,15 +93,20 @@ def completion_prompt(engine: Engine, prompt) -> list[int]:
 
 
 def check_context(prompt_tokens: int, max_tokens: int, context_length: int) -> None:
-    """The prompt and the tokens asked for must fit the model's context (positions)."""
-    if prompt_tokens + max_tokens > context_length:
+    """The prompt and the tokens asked for must fit the model's context (positions), as
+    `moespec generate` checks it (moespec.models.context.fit_context)."""
+    from moespec.models.context import ContextOverflowError, fit_context
+
+    fix = "shorten the prompt or ask for fewer tokens (max_tokens)"
+    try:
+        fit_context(range(prompt_tokens), context_length, new_tokens=max_tokens, fix=fix)
+    except ContextOverflowError as error:
         raise ApiError(
             400,
-            f"this model's maximum context length is {context_length} tokens; the prompt has "
-            f"{prompt_tokens} and max_tokens asks for {max_tokens} more",
+            f"this model's maximum context length is {context_length} tokens: {error}",
             param="max_tokens",
             code="context_length_exceeded",
-        )
+        ) from None
 
 
 def token_budget(engine: Engine, body, prompt_tokens: int) -> int:

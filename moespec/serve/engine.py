@@ -177,7 +177,6 @@ class Engine:
             sampler=job.sampler,
             kernels=self.kernels,
             drafter=spec.drafter(job.sampler, job.prompt, job.max_tokens, job.seed),
-            draft_policy=spec.policy,
             stop_tokens=self.model.config.eos_token_ids,
         )
         finish = None

@@ -40,9 +40,10 @@ def load_engine(
         from moespec.demo import demo_paths
 
         model, demo_draft = map(str, demo_paths())
-        draft = demo_draft if draft is None else draft
+        draft = f"auto:{demo_draft}" if draft is None else draft
     draft = None if draft == "none" else draft
     target, tokenizer = load_model(model, dtype=dtype)
+    target.batch_invariant = True  # as `moespec generate` decodes by default
     loaded_plan = None
     if plan is not None:
         from moespec.calibrate.plan import load_plan

@@ -1,39 +1,59 @@
-"""What each request drafts with: the drafter and the draft-length policy, built as
-`moespec generate` builds them (moespec.decoding.setup.build_drafter, DraftLengthPolicy).
+"""What each request drafts with, built as `moespec generate` builds it
+(moespec.decoding.setup): "auto" / "auto:DIR" chooses per step among prompt lookup, the draft
+model DIR and no draft; a checkpoint directory, "oracle:A" or "lookup" is that drafter alone.
 
-The server builds one `Speculation` at start: the draft-length policy is shared by every
-request, so the step times V(k) it measures (hardware facts) carry over from request to
-request while its acceptance estimate forgets old steps; a draft checkpoint is loaded once and
-each request gets a drafter of its own (its own cache, its own seeded sampler).
+A draft checkpoint is loaded once at start. Each request gets fresh speculation state (its
+own drafters, caches, acceptance estimates and seeded draft sampler), so an answer does not
+depend on the requests before it, except through the target's verify times tau(n): those are
+facts of the hardware, measured once for the whole server and shared by every request's
+draft-length policies.
 """
 
 from collections.abc import Sequence
-from dataclasses import dataclass
-from pathlib import Path
+from dataclasses import dataclass, field
 
-from moespec.decoding import Drafter, DraftLengthPolicy, ModelDrafter, Sampler
-from moespec.decoding.setup import build_drafter, parse_oracle
+from moespec.decoding import ModelDrafter, PromptLookupDrafter, Sampler
+from moespec.decoding.draft_policy import RunningMedians
+from moespec.decoding.setup import (
+    draft_length_policy,
+    draft_name,
+    drafter_factory,
+    load_draft_model,
+)
+from moespec.decoding.speculation import Option
+from moespec.decoding.speculation import Speculation as Choice
 from moespec.models import Tokenizer, Transformer
 
 
 @dataclass
 class Speculation:
-    """draft: the drafter spec (a checkpoint directory, "oracle:A", "lookup") or None (plain
-    decoding); policy: the shared draft-length policy; draft_model: a loaded draft checkpoint."""
+    """draft: the drafter spec or None (plain decoding); draft_model: the loaded draft
+    checkpoint of a directory or auto:DIR spec."""
 
     draft: str | None
     target: Transformer
     tokenizer: Tokenizer
     dtype: str
-    policy: DraftLengthPolicy | None
+    draft_length: int | str = "auto"
+    max_draft_length: int = 8
+    plan: dict | None = None
     draft_model: Transformer | None = None
+    verify_times: RunningMedians = field(default_factory=RunningMedians)
 
     @property
     def name(self) -> str:
-        """The draft as results name it ("moespec/demo/draft" for the demo's), or "none"."""
-        from moespec.demo import describe
+        """The draft as results name it ("auto:moespec/demo/draft" for the demo's), or "none"."""
+        return "none" if self.draft is None else draft_name(self.draft)
 
-        return "none" if self.draft is None else describe(self.draft)
+    @property
+    def draft_dir(self) -> str | None:
+        if (
+            self.draft is None
+            or self.draft in ("auto", "lookup")
+            or self.draft.startswith("oracle")
+        ):
+            return None
+        return self.draft.removeprefix("auto:")
 
     def check(self, sampler: Sampler) -> None:
         """Refuse a request this speculation cannot serve (before it is queued)."""
@@ -42,23 +62,37 @@ class Speculation:
 
     def drafter(
         self, sampler: Sampler, prompt: Sequence[int], max_tokens: int, seed: int
-    ) -> Drafter | None:
-        """A fresh drafter for one request (None without a draft)."""
+    ) -> Choice | None:
+        """Fresh speculation for one request (None without a draft)."""
         if self.draft is None:
             return None
+        vocab = self.target.config.vocab_size
+        drafters = []
+        if self.draft == "auto" or self.draft.startswith("auto:") or self.draft == "lookup":
+            drafters.append(PromptLookupDrafter())
         if self.draft_model is not None:
             draft_sampler = Sampler(sampler.temperature, sampler.top_p, seed + 1)
-            return ModelDrafter(self.draft_model, draft_sampler, self.target.config.vocab_size)
-        return build_drafter(
-            self.draft,
-            target=self.target,
-            tokenizer=self.tokenizer,
-            sampler=sampler,
-            prompt=prompt,
-            max_tokens=max_tokens,
-            dtype=self.dtype,
-            seed=seed,
-        )
+            drafters.append(ModelDrafter(self.draft_model, draft_sampler, vocab))
+        if not drafters:  # the oracle: its reference is this request's greedy continuation
+            make = drafter_factory(
+                self.draft,
+                target=self.target,
+                tokenizer=self.tokenizer,
+                sampler=sampler,
+                prompt=prompt,
+                max_tokens=max_tokens,
+                dtype=self.dtype,
+                seed=seed,
+            )
+            drafters.append(make())
+        options = {}
+        for drafter in drafters:
+            model_dir = self.draft_dir if isinstance(drafter, ModelDrafter) else None
+            policy = draft_length_policy(
+                self.draft_length, self.max_draft_length, self.plan, model_dir, self.verify_times
+            )
+            options[drafter.name] = Option(drafter, policy)
+        return Choice(options)
 
 
 def build_speculation(
@@ -73,43 +107,13 @@ def build_speculation(
 ) -> Speculation:
     """The server's speculation: V(k) from the plan's verify times when there is one (and its
     h(k) when the plan measured this very draft), else measured online, as in `generate`."""
+    from moespec.decoding.setup import parse_oracle
+
+    speculation = Speculation(draft, target, tokenizer, dtype, draft_length, max_draft_length, plan)
     if draft is None:
-        return Speculation(None, target, tokenizer, dtype, None)
-    draft_model = None
-    if Path(draft).is_dir():
-        from moespec.decoding import check_same_tokenizer
-        from moespec.models import load_model
-
-        draft_model, draft_tokenizer = load_model(draft, dtype=dtype)
-        check_same_tokenizer(tokenizer, draft_tokenizer, draft)
-    elif draft.startswith("oracle"):
+        return speculation
+    if draft.startswith("oracle"):
         parse_oracle(draft)  # a bad spec fails at start, not on the first request
-    elif draft != "lookup":
-        raise ValueError(
-            f"--draft {draft!r} is neither a checkpoint directory, oracle:A nor lookup"
-        )
-    return Speculation(
-        draft,
-        target,
-        tokenizer,
-        dtype,
-        draft_policy(draft, draft_length, max_draft_length, plan),
-        draft_model,
-    )
-
-
-def draft_policy(draft, draft_length, max_draft_length, plan) -> DraftLengthPolicy:
-    if plan is None:
-        return DraftLengthPolicy(draft_length, max_draft_length=max_draft_length)
-    from moespec.demo import describe
-
-    planned = plan.get("draft_dir")
-    same_draft = planned is not None and (
-        describe(draft) == planned or Path(draft).resolve() == Path(planned).resolve()
-    )
-    return DraftLengthPolicy(
-        draft_length,
-        max_draft_length=max_draft_length,
-        verify_times=plan["verify_time"],
-        draft_times=plan["draft_time"] if same_draft else None,
-    )
+    elif speculation.draft_dir is not None:
+        speculation.draft_model = load_draft_model(speculation.draft_dir, tokenizer, dtype)
+    return speculation
