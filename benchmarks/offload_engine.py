@@ -2,7 +2,7 @@
 
 Checkpoint mode (--model DIR, default the embedded demo model): the model's greedy continuation
 of --prompt is decoded with the oracle drafter (draft length k, geometric acceptance a) by the
-in-memory engine and, for each policy, by the offload engine at --cache-ratio; the routing of
+in-memory engine and, for each policy, by the offload engine at --expert-cache-ratio; the routing of
 that continuation, recorded teacher-forced, is the simulator's trace (its prompt part the fit
 split of both), replayed at the same k and a on a profile measured here (`this-machine`), with
 the model's dense bytes per layer and no draft time (the oracle costs none). spac-ar decodes
@@ -15,7 +15,7 @@ acceptance draws), activations on --device: what a GPU run measures (real PCIe c
 device cache) without attention. The profile is measured here: `this-machine` on the CPU; on
 CUDA, pinned copies, device and CPU expert times at the shape's size.
 
-    python benchmarks/offload_engine.py --out FILE [--model DIR] [--cache-ratio 0.25]
+    python benchmarks/offload_engine.py --out FILE [--model DIR] [--expert-cache-ratio 0.25]
         [--draft-length 4] [--acceptance 0.7] [--tokens 128] [--repeats 3] [--threads N]
     python benchmarks/offload_engine.py --out FILE --synthetic olmoe-1b-7b --layers 4 --device cuda
 """
@@ -36,8 +36,8 @@ from moespec.demo import describe  # noqa: E402
 from moespec.files import check_writable, write_json
 from moespec.kernels import ExpertWeights, get_kernel
 from moespec.offload import POLICY_NAMES, make_policy
-from moespec.offload.executor import OffloadEngine, expert_cache_budget
-from moespec.offload.simulator import SimulationSettings, simulate
+from moespec.offload.engine.executor import OffloadEngine, expert_cache_budget
+from moespec.offload.sim.simulator import SimulationSettings, simulate
 from moespec.routing import RoutingTrace
 
 
@@ -87,7 +87,7 @@ class Bench:
         policy = make_policy(name or "lru").fit(self.fit)
         k = self.args.draft_length if speculative else 0
         settings = SimulationSettings(
-            cache_ratio=self.args.cache_ratio if name else 1.0,
+            cache_ratio=self.args.expert_cache_ratio if name else 1.0,
             draft_length=k,
             acceptance=self.args.acceptance,
             tokens=measured["tokens"],
@@ -115,7 +115,7 @@ def parse_args():
     parser.add_argument("--dtype", default="fp32", choices=["fp32", "bf16"])
     parser.add_argument("--prompt", default="The")
     parser.add_argument("--policies", default=",".join(POLICY_NAMES))
-    parser.add_argument("--cache-ratio", type=float, default=0.25)
+    parser.add_argument("--expert-cache-ratio", type=float, default=0.25)
     parser.add_argument("--draft-length", type=int, default=4)
     parser.add_argument("--acceptance", type=float, default=0.7)
     parser.add_argument("--tokens", type=int, default=128, help="tokens decoded per run")
@@ -137,7 +137,7 @@ def side_by_side(measured: dict, simulated) -> dict:
         "tokens_per_second": simulated.tokens_per_second,
         "step_ms": 1e3 * simulated.seconds / simulated.steps,
         "hit_rate": simulated.hit_rate,
-        "bytes_copied": simulated.bytes_moved,
+        "bytes_copied": simulated.stats.bytes_copied,
         "cpu_experts": simulated.cpu_experts,
         "steps": simulated.steps,
         "tokens": simulated.tokens,
@@ -206,7 +206,9 @@ class CheckpointBench(Bench):
         engine = None
         if policy_name is not None:
             total = self.trace.num_experts * sum(self.trace.expert_bytes)
-            budget = expert_cache_budget(total, self.trace.expert_bytes[0], ratio=args.cache_ratio)
+            budget = expert_cache_budget(
+                total, self.trace.expert_bytes[0], ratio=args.expert_cache_ratio
+            )
             policy = make_policy(policy_name).fit(self.fit)
             engine = OffloadEngine.for_model(
                 model, policy, budget, draft_length=k, device=args.device
@@ -275,7 +277,7 @@ def routing_trace(model, tokens: list[int]) -> RoutingTrace:
 
 
 def this_machine(model):
-    from moespec.offload.hardware import measure_this_machine
+    from moespec.offload.sim.hardware import measure_this_machine
 
     block = next(iter(model.moe_blocks.values()))
     return measure_this_machine(block.experts.hidden_size, block.experts.intermediate_size)
@@ -383,7 +385,9 @@ class ExpertBench(Bench):
     def engine(self, policy, k: int) -> OffloadEngine:
         trace = self.trace
         total = trace.num_experts * sum(trace.expert_bytes)
-        budget = expert_cache_budget(total, trace.expert_bytes[0], ratio=self.args.cache_ratio)
+        budget = expert_cache_budget(
+            total, trace.expert_bytes[0], ratio=self.args.expert_cache_ratio
+        )
         engine = OffloadEngine(
             self.experts, policy, budget, top_k=trace.top_k, draft_length=k, device=self.args.device
         )
@@ -416,7 +420,7 @@ def expert_profile(experts: ExpertWeights, device: str):
     on the device (pinned copies of one expert; one expert applied to one token)."""
     from dataclasses import replace
 
-    from moespec.offload.hardware import measure_this_machine
+    from moespec.offload.sim.hardware import measure_this_machine
 
     cpu = measure_this_machine(experts.hidden_size, experts.intermediate_size)
     if device == "cpu":

@@ -16,8 +16,8 @@ import time
 from pathlib import Path
 
 from moespec.offload import get_profile
-from moespec.offload.experiments import run_policy, settings_for
-from moespec.offload.workload import synthetic_workload
+from moespec.offload.sim.experiments import run_policy, settings_for
+from moespec.offload.sim.workload import synthetic_workload
 
 POLICIES = ["spac", "lru", "static", "hybrid", "spac-ar", "lru-ar", "static-ar", "hybrid-ar"]
 

@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from moespec.offload.balancer import WorkloadBalancer, solve_threshold
+from moespec.offload.policies.balancer import WorkloadBalancer, solve_threshold
 
 
 def brute_force(

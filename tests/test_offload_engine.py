@@ -9,7 +9,7 @@ import torch
 from moespec.decoding import DraftLengthPolicy, KernelPolicy, OracleDrafter, generate, summarize
 from moespec.models import load_model
 from moespec.offload import POLICY_NAMES, make_policy
-from moespec.offload.executor import OffloadEngine, expert_cache_budget, fits_in_memory
+from moespec.offload.engine.executor import OffloadEngine, expert_cache_budget, fits_in_memory
 
 PROMPT = [5, 17, 33, 2, 5, 17, 40, 41]
 TOKENS = 20

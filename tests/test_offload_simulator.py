@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 from moespec.offload import HardwareProfile, make_policy, simulate
-from moespec.offload.simulator import SimulationSettings
+from moespec.offload.sim.simulator import SimulationSettings
 from moespec.routing import RoutingTrace
 
 # Round numbers: a 1 MB expert copies in 1 ms, runs in 0.1 ms on the accelerator, 1 ms on the CPU.
@@ -40,7 +40,7 @@ def test_on_demand_lru_pays_one_copy_then_hits():
     # One expert of budget; token 1 misses (1 ms copy + 0.1 ms), tokens 2 and 3 hit (0.1 ms).
     result = run("lru", one_layer_trace([0] * 6), cache_ratio=0.25, draft_length=0, tokens=3)
     assert result.seconds == pytest.approx(1.3e-3)
-    assert (result.bytes_moved, result.hit_rate) == (10**6, pytest.approx(2 / 3))
+    assert (result.stats.bytes_copied, result.hit_rate) == (10**6, pytest.approx(2 / 3))
 
 
 def test_static_placement_computes_the_cold_expert_on_the_cpu():
@@ -48,7 +48,11 @@ def test_static_placement_computes_the_cold_expert_on_the_cpu():
     trace = one_layer_trace([1, 1, 0, 0, 0, 0])
     result = run("static", trace, cache_ratio=0.25, draft_length=0, tokens=3, fit_tokens=2)
     assert result.seconds == pytest.approx(3e-3)
-    assert (result.bytes_moved, result.cpu_experts, result.preload_bytes) == (0, 3, 10**6)
+    assert (result.stats.bytes_copied, result.stats.cpu_experts, result.preload_bytes) == (
+        0,
+        3,
+        10**6,
+    )
 
 
 def test_previous_pass_forecast_is_scored_beside_the_policy():
@@ -69,7 +73,7 @@ def test_rejected_drafts_still_cost_the_draft_and_a_verified_pass():
     )
     assert result.steps == result.tokens == 5
     assert result.seconds == pytest.approx(5 * 1.2e-3)
-    assert result.fallback_cpu == 5  # no budget at all: the fetch cannot happen
+    assert result.stats.fallbacks == 5  # no budget at all: the fetch cannot happen
 
 
 def test_accepted_drafts_advance_the_trace():

@@ -87,7 +87,7 @@ def markdown(data: dict) -> str:
         "## Table 2: ablations of SpAc",
         "",
         "| variant | tokens/s | latency (ms/token) | hit rate | hot/cold accuracy "
-        "| previous-pass forecast | GB moved |",
+        "| previous-pass forecast | GB copied |",
         "| --- | --- | --- | --- | --- | --- | --- |",
     ]
     for r in data["table2"]:
@@ -95,7 +95,7 @@ def markdown(data: dict) -> str:
             f"| {r['policy']} | {r['tokens_per_second']:.2f} | {r['latency_per_token_ms']:.1f} | "
             f"{r['hit_rate']:.3f} | {_fmt(r['hot_cold_accuracy'], 3)} | "
             f"{_fmt(r.get('previous_pass_hot_cold_accuracy'), 3)} | "
-            f"{r['bytes_moved'] / 1e9:.1f} |"
+            f"{r['bytes_copied'] / 1e9:.1f} |"
         )
     lines += [
         "",

@@ -19,10 +19,10 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from moespec.offload.balancer import WorkloadBalancer
-from moespec.offload.estimator import UtilityEstimator
-from moespec.offload.policy import EMPTY, LayerPlan, OffloadPolicy
-from moespec.offload.queues import EvictionPool, PrefetchQueue
+from moespec.offload.policies.balancer import WorkloadBalancer
+from moespec.offload.policies.base import EMPTY, LayerPlan, OffloadPolicy
+from moespec.offload.policies.estimator import UtilityEstimator
+from moespec.offload.policies.queues import EvictionPool, PrefetchQueue
 
 
 @dataclass(frozen=True)

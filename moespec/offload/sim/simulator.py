@@ -38,13 +38,10 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from moespec.offload.hardware import HardwareProfile
-from moespec.offload.metrics import AccuracyMeter, SmapeMeter
-from moespec.offload.policy import CacheBudgetError, ExpertCache, LayerTiming
-
-
-class PlanError(RuntimeError):
-    """A policy's layer plan does not compute every needed expert exactly once."""
+from moespec.offload.driver import LayerDriver, OffloadStats, expert_cache_budget
+from moespec.offload.policies.base import ExpertCache, LayerTiming
+from moespec.offload.sim.hardware import HardwareProfile
+from moespec.offload.sim.metrics import AccuracyMeter, SmapeMeter
 
 
 @dataclass
@@ -78,13 +75,7 @@ class SimulationResult:
     tokens: int
     steps: int
     seconds: float
-    hits: int
-    needed: int
-    bytes_moved: int
-    copies: int
-    fetches: int
-    cpu_experts: int
-    fallback_cpu: int
+    stats: OffloadStats  # the layer driver's counts (the engine reports the same)
     preload_bytes: int
     peak_cache_bytes: int
     budget_bytes: int
@@ -104,7 +95,7 @@ class SimulationResult:
 
     @property
     def hit_rate(self) -> float:
-        return self.hits / self.needed if self.needed else 0.0
+        return self.stats.hit_rate
 
     def to_dict(self) -> dict:
         return {
@@ -112,18 +103,14 @@ class SimulationResult:
             "tokens_per_second": self.tokens_per_second,
             "latency_per_token_ms": self.latency_per_token * 1e3,
             "hit_rate": self.hit_rate,
-            "bytes_moved": self.bytes_moved,
             "hot_cold_accuracy": self.accuracy,
             "previous_pass_hot_cold_accuracy": self.previous_pass_accuracy,
             "frequency_smape": self.smape,
             "tokens": self.tokens,
             "steps": self.steps,
             "seconds": self.seconds,
-            "copies": self.copies,
-            "on_demand_fetches": self.fetches,
-            "cpu_experts": self.cpu_experts,
-            "cpu_fallbacks": self.fallback_cpu,
-            "needed_experts": self.needed,
+            **self.stats.to_dict(),
+            "needed_experts": self.stats.needed,
             "preload_bytes": self.preload_bytes,
             "peak_cache_bytes": self.peak_cache_bytes,
             "budget_bytes": self.budget_bytes,
@@ -156,59 +143,46 @@ class _Costs:
 
 
 class _Link:
-    """One copy engine: copies run in sequence; fetches go first, then the prefetch queue."""
+    """The driver's back end: one copy engine, copies in sequence on the virtual clock;
+    on-demand fetches go first, then the prefetch queue whenever the link is free."""
 
-    def __init__(self, cache: ExpertCache, policy, costs: _Costs, log):
-        self.cache, self.policy, self.costs, self.log = cache, policy, costs, log
-        self.free_at = 0.0
-        self.bytes_moved = self.copies = 0
+    def __init__(self, costs: _Costs, log):
+        self.costs, self.log = costs, log
+        self.driver: LayerDriver | None = None
+        self.free_at = self._start = 0.0
         self.layer_copy_seconds = 0.0
         self.layer_copies = 0
 
+    # Back-end hooks (called by the driver from `admit`).
+    def arrival(self, layer: int, now: float) -> float:
+        return now + self.costs.copy[layer]
+
+    def copy_started(self, layer: int, expert: int, kind: str) -> None:
+        seconds = self.costs.copy[layer]
+        self.free_at = self._start + seconds
+        self.layer_copy_seconds += seconds
+        self.layer_copies += 1
+        if self.log is not None:
+            nbytes = int(self.driver.cache.expert_bytes[layer])
+            self.log["events"].append(("copy", self._start, layer, expert, nbytes, kind))
+
+    def evicted(self, layer: int, expert: int) -> None:
+        if self.log is not None:
+            self.log["events"].append(("evict", self._start, layer, expert))
+
+    # The clock.
     def advance(self, now: float) -> None:
         """Start queued prefetches while the link is free before `now`."""
         while self.free_at < now:
-            item = self.policy.next_prefetch()
-            if item is None:
+            self._start = self.free_at
+            if self.driver.pull(self.free_at) is None:
                 self.free_at = now  # idle until now: later requests cannot start earlier
                 return
-            self.copy(*item, earliest=self.free_at, kind="prefetch")
 
-    def copy(self, layer: int, expert: int, *, earliest: float, kind: str) -> float | None:
-        """Copy one expert; its arrival time, or None when the policy frees no room."""
-        cache, start = self.cache, max(self.free_at, earliest)
-        while not cache.fits(layer):
-            victim = self.policy.choose_victim(layer, expert, start)
-            if victim is None:
-                return None
-            cache.evict(*victim, now=start)
-            if self.log is not None:
-                self.log["events"].append(("evict", start, *victim))
-        arrival = start + self.costs.copy[layer]
-        cache.insert(layer, expert, ready_at=arrival)
-        self.policy.admitted(layer, expert)
-        self.free_at = arrival
-        nbytes = int(cache.expert_bytes[layer])
-        self.bytes_moved += nbytes
-        self.copies += 1
-        self.layer_copy_seconds += arrival - start
-        self.layer_copies += 1
-        if self.log is not None:
-            self.log["events"].append(("copy", start, layer, expert, nbytes, kind))
-        return arrival
-
-
-def _check_plan(plan, experts, cache, layer, now) -> None:
-    together = np.concatenate([plan.accelerator, plan.cpu])
-    if len(together) != len(experts) or not np.array_equal(np.sort(together), experts):
-        raise PlanError(f"layer {layer}: the plan does not compute every needed expert once")
-    if len(plan.fetch) and (
-        cache.present[layer, plan.fetch].any() or not np.isin(plan.fetch, plan.accelerator).all()
-    ):
-        raise PlanError(f"layer {layer}: fetches must be absent experts planned on the accelerator")
-    stay = np.setdiff1d(plan.accelerator, plan.fetch)
-    if not cache.present[layer, stay].all():
-        raise PlanError(f"layer {layer}: an absent expert is planned on the accelerator unfetched")
+    def fetch(self, layer: int, expert: int, now: float) -> bool:
+        """An on-demand copy, starting once the link is free; False when no room is made."""
+        self._start = max(self.free_at, now)
+        return self.driver.admit(layer, expert, "fetch", self._start)
 
 
 def _step_counts(window: np.ndarray, num_experts: int) -> np.ndarray:
@@ -233,13 +207,16 @@ class _Run:
         self.trace, self.policy, self.s = trace, policy, s
         self.costs = _Costs(trace, profile, s)
         total = trace.num_experts * int(np.sum(trace.expert_bytes))
-        self.cache = ExpertCache(trace.expert_bytes, trace.num_experts, int(s.cache_ratio * total))
+        budget = expert_cache_budget(
+            total, int(max(trace.expert_bytes)), ratio=s.cache_ratio, least_experts=0
+        )
+        self.cache = ExpertCache(trace.expert_bytes, trace.num_experts, budget)
         # The log (record=True): per-layer plans, and copies and evictions in the order done.
         self.log = {"layers": [], "events": []} if s.record else None
-        self.link = _Link(self.cache, policy, self.costs, self.log)
+        self.link = _Link(self.costs, self.log)
+        self.driver = self.link.driver = LayerDriver(self.cache, policy, self.link)
         self.k = s.draft_length if policy.speculative else 0
-        policy.reset(self.cache, draft_length=self.k, top_k=trace.top_k)
-        self.preload_bytes = self.cache.used_bytes
+        self.driver.start(draft_length=self.k, top_k=trace.top_k)
         self.rng = np.random.default_rng(s.seed)
         self.accuracy = AccuracyMeter(trace.num_layers)
         # What a forecast must beat: "hot = active in the previous pass", on the same passes.
@@ -247,7 +224,6 @@ class _Run:
         self.active = np.zeros((trace.num_layers, trace.num_experts), dtype=bool)  # [L, N]
         self.smape = SmapeMeter()
         self.pos, self.time, self.emitted, self.steps = s.fit_tokens, 0.0, 0, 0
-        self.hits = self.needed = self.fetches = self.cpu_experts = self.fallback = 0
 
     def _doc_end(self) -> int:
         starts = self.trace.doc_starts
@@ -277,7 +253,7 @@ class _Run:
         return True
 
     def _layer(self, layer: int, row: np.ndarray, n: int, start: float) -> float:
-        cache, policy, costs, link = self.cache, self.policy, self.costs, self.link
+        policy, costs, link = self.policy, self.costs, self.link
         experts = np.flatnonzero(row)
         counts = row[experts]
         now = start + costs.dense
@@ -288,12 +264,8 @@ class _Run:
             self.accuracy.update(layer, hot, row)
         self.previous_pass.update(layer, self.active[layer], row)
         self.active[layer] = row > 0
-        self.hits += int(cache.ready(layer, experts, now).sum())
-        self.needed += len(experts)
-        plan = policy.plan_layer(layer, experts, counts, now)
-        _check_plan(plan, experts, cache, layer, now)
-        accelerator, cpu = self._fetch(layer, plan, now)
-        cache.pinned[layer, accelerator] = True
+        placed = self.driver.plan(layer, experts, counts, now, link.fetch)
+        accelerator, cpu = placed.accelerator, placed.cpu
         acc_busy, acc_end = self._accelerator_time(layer, accelerator, row, now)
         cpu_busy = 0.0
         if len(cpu):
@@ -304,8 +276,6 @@ class _Run:
             )
         end = max(acc_end, now + cpu_busy)
         link.advance(end)  # copies that start while the layer computes
-        cache.pinned[layer, accelerator] = False
-        self.cpu_experts += len(cpu)
         if self.log is not None:
             self.log["layers"].append(
                 dict(
@@ -316,41 +286,22 @@ class _Run:
                     needed=experts,
                     accelerator=accelerator,
                     cpu=cpu,
-                    fetch=plan.fetch,
+                    fetch=placed.fetch,
                 )
             )
-        policy.end_layer(layer, experts, counts)
-        policy.observe_layer(
-            LayerTiming(
-                layer,
-                end - now,
-                cpu_busy,
-                int(row[cpu].sum()),
-                len(cpu),
-                acc_busy,
-                len(accelerator),
-                link.layer_copy_seconds,
-                link.layer_copies,
-            )
+        timing = LayerTiming(
+            layer,
+            end - now,
+            cpu_busy,
+            int(row[cpu].sum()),
+            len(cpu),
+            acc_busy,
+            len(accelerator),
+            link.layer_copy_seconds,
+            link.layer_copies,
         )
+        self.driver.finish(layer, experts, counts, placed, timing)
         return end
-
-    def _fetch(self, layer, plan, now):
-        """Issue the plan's on-demand copies; an expert with no room runs on the CPU."""
-        accelerator, cpu = plan.accelerator, plan.cpu
-        self.cache.pinned[layer, np.setdiff1d(accelerator, plan.fetch)] = True
-        failed = []
-        for e in plan.fetch:
-            self.cache.pinned[layer, e] = True
-            if self.link.copy(layer, int(e), earliest=now, kind="fetch") is None:
-                self.cache.pinned[layer, e] = False
-                failed.append(int(e))
-        self.fetches += len(plan.fetch) - len(failed)
-        if failed:
-            self.fallback += len(failed)
-            accelerator = np.setdiff1d(accelerator, failed)
-            cpu = np.concatenate([cpu, failed]).astype(np.int64)
-        return accelerator, cpu
 
     def _accelerator_time(self, layer, accelerator, row, now) -> tuple[float, float]:
         costs = self.costs
@@ -364,21 +315,14 @@ class _Run:
         return float(per_expert.sum()), float(end)
 
     def result(self) -> "SimulationResult":
-        if self.cache.peak_bytes > self.cache.budget_bytes:  # insert() forbids it; belt and braces
-            raise CacheBudgetError("the cache exceeded its budget")
+        self.driver.check_budget()
         return SimulationResult(
             policy=self.policy.name,
             tokens=self.emitted,
             steps=self.steps,
             seconds=self.time,
-            hits=self.hits,
-            needed=self.needed,
-            bytes_moved=self.link.bytes_moved,
-            copies=self.link.copies,
-            fetches=self.fetches,
-            cpu_experts=self.cpu_experts,
-            fallback_cpu=self.fallback,
-            preload_bytes=self.preload_bytes,
+            stats=self.driver.stats,
+            preload_bytes=self.driver.preload_bytes,
             peak_cache_bytes=self.cache.peak_bytes,
             budget_bytes=self.cache.budget_bytes,
             accuracy=self.accuracy.value(),

@@ -1,6 +1,6 @@
 """Hardware profiles for the offload simulator: the link, the accelerator and the CPU, in numbers.
 
-A profile is what the timing model of `moespec.offload.simulator` needs and nothing else:
+A profile is what the timing model of `moespec.offload.sim.simulator` needs and nothing else:
 
     link_bandwidth, link_latency          host -> accelerator copies of expert weights
     accelerator_bandwidth, _flops, _expert_time, accelerator_memory
