@@ -21,6 +21,9 @@ EVERY_POLICY = [
     "spac-no-prefetch",
     "spac-no-evict",
     "spac-literal-delta",
+    "spac-release",
+    "spac-count-adaptive",
+    "spac-level",
 ]
 
 

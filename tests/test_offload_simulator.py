@@ -66,8 +66,15 @@ def test_previous_pass_forecast_is_scored_beside_the_policy():
 def test_rejected_drafts_still_cost_the_draft_and_a_verified_pass():
     # k = 2 at acceptance 0: each step drafts 2 tokens (0.1 ms each: 1 MB of draft at 10 GB/s)
     # and verifies 3 tokens of expert 0 on the CPU (1 ms, read once), but emits one token.
+    # Rejected drafts routed like the continuation: expert 0 again.
     trace = one_layer_trace([0] * 12)
-    settings = dict(cache_ratio=0.0, draft_length=2, acceptance=0.0, tokens=5)
+    settings = dict(
+        cache_ratio=0.0,
+        draft_length=2,
+        acceptance=0.0,
+        tokens=5,
+        rejected_routing="continuation",
+    )
     result = simulate(
         trace, make_policy("lru"), ROUND, SimulationSettings(draft_bytes_ratio=0.25, **settings)
     )
@@ -111,3 +118,18 @@ def test_static_placement_without_a_fit_is_refused():
         simulate(
             one_layer_trace([0] * 4), make_policy("static"), ROUND, SimulationSettings(tokens=2)
         )
+
+
+def test_rejected_drafts_are_routed_apart_from_the_continuation():
+    # Every accepted token routes to expert 0; a rejected draft drawn from the fit split's
+    # popularity (expert 0 only there, but one pseudo-count each) or given by a draft's
+    # routing array reaches other experts, and only in the rejected positions.
+    trace = one_layer_trace([0] * 40)
+    base = dict(cache_ratio=1.0, draft_length=3, acceptance=0.0, tokens=20, fit_tokens=4)
+    same = run("lru", trace, rejected_routing="continuation", **base)
+    drawn = run("lru", trace, **base)
+    assert same.stats.needed == same.steps  # one expert per pass
+    assert drawn.stats.needed > drawn.steps
+    draft = np.full_like(trace.expert_ids, 3)
+    given = simulate(trace, make_policy("lru"), ROUND, SimulationSettings(**base), rejected=draft)
+    assert given.stats.needed == 2 * given.steps  # expert 0 (accepted) and 3 (rejected)

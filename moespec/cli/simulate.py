@@ -4,7 +4,8 @@ Replays a recorded trace (--trace FILE) or a synthetic one of a built-in model s
 (--synthetic MODEL, fitted to the shape's published rho(2) or --reuse2) through each policy
 (spac, lru, static, hybrid, spac-ar; baselines without speculation as lru-ar, static-ar,
 hybrid-ar; SpAc ablations as spac-no-estimator, spac-fixed-bounds, spac-static-tau,
-spac-no-prefetch, spac-no-evict, spac-no-sd, spac-literal-delta), with speculative steps of
+spac-no-prefetch, spac-no-evict, spac-no-sd, spac-literal-delta, spac-release,
+spac-count-adaptive, spac-level), with speculative steps of
 --draft-length k at geometric --acceptance a, under one cache budget (--expert-cache-ratio of all
 expert bytes), on a hardware profile (rtx4090-pcie4, a100-pcie4, this-machine, or a JSON file).
 Prints tokens/s, latency per token, cache hit rate, hot/cold accuracy (beside that of the

@@ -21,7 +21,7 @@ import numpy as np
 
 from moespec.offload.policies.balancer import WorkloadBalancer
 from moespec.offload.policies.base import EMPTY, LayerPlan, OffloadPolicy
-from moespec.offload.policies.estimator import UtilityEstimator
+from moespec.offload.policies.estimator import READINGS, UtilityEstimator
 from moespec.offload.policies.queues import EvictionPool, PrefetchQueue
 
 
@@ -29,8 +29,11 @@ from moespec.offload.policies.queues import EvictionPool, PrefetchQueue
 class SpAcConfig:
     max_utility: int | None = None  # K; None: ceil(log2(gamma + 1))
     forgetting: float = 0.1  # lambda
-    adaptive_bounds: bool = True  # False: theta_up = 3, theta_down = 1
-    reference: str = "level"  # what Delta compares f with (see estimator)
+    # The estimator reading (estimator.READINGS "count-unit"): Delta = f - u as the authors'
+    # release, fixed boundaries (1, 1). adaptive_bounds=True: the paper's calibrated ones.
+    adaptive_bounds: bool = False
+    fixed_bounds: tuple[float, float] = (1.0, 1.0)
+    reference: str = "count"  # what Delta compares f with: count, level, previous (estimator)
     balancer: bool = True  # False: tau = static_tau at every layer and step
     static_tau: int = 2  # also the tau of the warm-up
     prefetch: bool = True  # False: static placement from the fit split, no copies
@@ -43,13 +46,31 @@ class SpAcConfig:
 ABLATIONS: dict[str, SpAcConfig] = {
     "spac": SpAcConfig(),
     "spac-no-estimator": SpAcConfig(max_utility=1),
-    "spac-fixed-bounds": SpAcConfig(adaptive_bounds=False),
+    "spac-fixed-bounds": SpAcConfig(adaptive_bounds=False, fixed_bounds=(3.0, 1.0)),
     "spac-static-tau": SpAcConfig(balancer=False),
     "spac-no-prefetch": SpAcConfig(prefetch=False),
     "spac-no-evict": SpAcConfig(evict=False),
     "spac-no-sd": SpAcConfig(speculative=False),
-    "spac-literal-delta": SpAcConfig(reference="previous"),
+    "spac-literal-delta": SpAcConfig(reference="previous", adaptive_bounds=True),
+    # Other readings of the estimator (estimator.READINGS).
+    "spac-release": SpAcConfig(fixed_bounds=(5.0, 1.0), max_utility=5),
+    "spac-count-adaptive": SpAcConfig(adaptive_bounds=True),
+    "spac-level": SpAcConfig(reference="level", adaptive_bounds=True),
 }
+
+
+def reading_config(reading: str, **fields) -> SpAcConfig:
+    """SpAc's config with the estimator reading `reading` (a key of estimator.READINGS)."""
+    if reading not in READINGS:
+        raise ValueError(f"unknown estimator reading {reading!r} (known: {', '.join(READINGS)})")
+    reference, adaptive, bounds, max_utility = READINGS[reading]
+    return SpAcConfig(
+        reference=reference,
+        adaptive_bounds=adaptive,
+        fixed_bounds=bounds,
+        max_utility=max_utility,
+        **fields,
+    )
 
 
 class SpAcPolicy(OffloadPolicy):
@@ -70,6 +91,7 @@ class SpAcPolicy(OffloadPolicy):
             max_utility=cfg.max_utility,
             forgetting=cfg.forgetting,
             adaptive=cfg.adaptive_bounds,
+            fixed_bounds=cfg.fixed_bounds,
             reference=cfg.reference,
         )
         k = self.estimator.max_utility

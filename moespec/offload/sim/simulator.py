@@ -3,8 +3,12 @@
 Steps. With speculation (draft length k, geometric acceptance a, seeded) a step drafts k tokens
 and verifies the next n = k + 1 tokens of the trace in one pass (fewer at a document's end);
 j ~ min(Geometric, k) drafts are accepted and the step emits j + 1 tokens, which advance the
-trace. Approximation: a rejected draft is routed like the trace's next token (the trace has no
-routing for tokens that were never generated). The acceptance draws depend on the seed only,
+trace. Rejected drafts (the pass's tokens after the first rejection) are not the trace's next
+tokens: `rejected_routing` says how they are routed. "trace": from an array of the target's
+routing of the tokens a real draft proposed at each position (`simulate(..., rejected=ids)`);
+"popularity" (default without one): each slot drawn from the layer's expert frequencies in the
+fit split, m distinct experts per token, from a generator of its own; "continuation": like the
+trace's next tokens (an upper bound on any lookahead). The acceptance draws depend on the seed only,
 so every policy sees the same steps. A policy with `speculative = False` runs plain decoding:
 n = 1, no draft. The first `fit_tokens` tokens of the trace are the fit split (policies' `fit`),
 the rest is replayed.
@@ -56,6 +60,7 @@ class SimulationSettings:
     dense_bytes_per_layer: float = 0.0  # D_l
     hidden_size: int = 0  # d; 0: hidden-state round trips cost the link latency only
     bytes_per_parameter: float = 2.0  # bf16
+    rejected_routing: str = "popularity"  # or "continuation"; "trace" when given an array
     record: bool = False  # keep a per-layer log (for checks; slow and large on long runs)
 
     def __post_init__(self):
@@ -67,6 +72,11 @@ class SimulationSettings:
             raise ValueError(f"acceptance must be in [0, 1), got {self.acceptance}")
         if self.tokens < 1:
             raise ValueError(f"tokens must be >= 1, got {self.tokens}")
+        if self.rejected_routing not in ("popularity", "continuation", "trace"):
+            raise ValueError(
+                "rejected routing must be popularity, continuation or trace, "
+                f"got {self.rejected_routing!r}"
+            )
 
 
 @dataclass
@@ -192,16 +202,28 @@ def _step_counts(window: np.ndarray, num_experts: int) -> np.ndarray:
     return np.bincount(flat.ravel(), minlength=layers * num_experts).reshape(layers, num_experts)
 
 
-def simulate(trace, policy, profile: HardwareProfile, settings: SimulationSettings):
-    """Replay `trace` through `policy` on `profile`; return a SimulationResult."""
-    run = _Run(trace, policy, profile, settings)
+def simulate(trace, policy, profile: HardwareProfile, settings: SimulationSettings, rejected=None):
+    """Replay `trace` through `policy` on `profile`; return a SimulationResult.
+
+    rejected: [T, L, m] the target's routing of a real draft's proposal at each position of
+    `trace` (routes rejected drafts; settings.rejected_routing becomes "trace")."""
+    if rejected is not None:
+        rejected = np.asarray(rejected, dtype=np.int64)
+        if rejected.shape != np.shape(trace.expert_ids):
+            raise ValueError(
+                f"rejected routing has shape {rejected.shape}, "
+                f"the trace {np.shape(trace.expert_ids)}"
+            )
+    elif settings.rejected_routing == "trace":
+        raise ValueError("rejected routing 'trace' needs the draft's routing array")
+    run = _Run(trace, policy, profile, settings, rejected)
     while run.emitted < settings.tokens and run.next_pass():
         pass
     return run.result()
 
 
 class _Run:
-    def __init__(self, trace, policy, profile, s: SimulationSettings):
+    def __init__(self, trace, policy, profile, s: SimulationSettings, rejected=None):
         if not 0 <= s.fit_tokens < trace.num_tokens:
             raise ValueError(f"fit_tokens must leave tokens to replay (trace: {trace.num_tokens})")
         self.trace, self.policy, self.s = trace, policy, s
@@ -224,6 +246,11 @@ class _Run:
         self.active = np.zeros((trace.num_layers, trace.num_experts), dtype=bool)  # [L, N]
         self.smape = SmapeMeter()
         self.pos, self.time, self.emitted, self.steps = s.fit_tokens, 0.0, 0, 0
+        self.rejected = rejected
+        self.popularity = None
+        if rejected is None and s.rejected_routing == "popularity":
+            self.popularity = _popularity(trace, s.fit_tokens)
+            self.reject_rng = np.random.default_rng([s.seed, 1])
 
     def _doc_end(self) -> int:
         starts = self.trace.doc_starts
@@ -236,9 +263,7 @@ class _Run:
         drafts = self.rng.random(self.k) < self.s.acceptance  # drawn whatever n is: same steps
         accepted = int(np.argmin(drafts)) if not drafts.all() else self.k
         emitted = min(accepted + 1, n, self.s.tokens - self.emitted)
-        counts = _step_counts(
-            self.trace.expert_ids[self.pos : self.pos + n], self.trace.num_experts
-        )
+        counts = _step_counts(self._window(n, accepted), self.trace.num_experts)
         self.smape.update(counts)
         self.policy.begin_step(n)
         draft = (n - 1) * self.costs.draft_token
@@ -251,6 +276,29 @@ class _Run:
         self.emitted += emitted
         self.steps += 1
         return True
+
+    def _window(self, n: int, accepted: int) -> np.ndarray:
+        """Routing [n, L, m] of the pass: the trace up to the first rejected draft, then the
+        rejected drafts' routing (see the module docstring)."""
+        window = self.trace.expert_ids[self.pos : self.pos + n]
+        first_rejected = accepted + 1  # pass token 0 is the last emitted token
+        if first_rejected >= n or (self.rejected is None and self.popularity is None):
+            return window
+        window = np.array(window, dtype=np.int64)
+        if self.rejected is not None:
+            window[first_rejected:] = self.rejected[self.pos + first_rejected : self.pos + n]
+        elif self.popularity is not None:
+            window[first_rejected:] = self._draw(n - first_rejected, window.shape[2])
+        return window
+
+    def _draw(self, tokens: int, top_k: int) -> np.ndarray:
+        """[tokens, L, m] slots from each layer's fit-split frequencies, distinct per token."""
+        rng, p = self.reject_rng, self.popularity  # p: [L, N]
+        out = np.empty((tokens, p.shape[0], top_k), dtype=np.int64)
+        for layer in range(p.shape[0]):
+            for t in range(tokens):
+                out[t, layer] = rng.choice(p.shape[1], top_k, replace=False, p=p[layer])
+        return out
 
     def _layer(self, layer: int, row: np.ndarray, n: int, start: float) -> float:
         policy, costs, link = self.policy, self.costs, self.link
@@ -331,3 +379,11 @@ class _Run:
             policy_stats=self.policy.stats(),
             log=self.log,
         )
+
+
+def _popularity(trace, fit_tokens: int) -> np.ndarray:
+    """[L, N] expert frequencies of the fit split (the whole trace without one), each expert
+    given one pseudo-count so that m distinct draws always exist."""
+    ids = trace.expert_ids[:fit_tokens] if fit_tokens else trace.expert_ids
+    counts = _step_counts(np.asarray(ids), trace.num_experts) + 1.0
+    return counts / counts.sum(axis=1, keepdims=True)
