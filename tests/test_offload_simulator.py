@@ -1,5 +1,7 @@
 """The simulator's timing model and speculative steps, on cases small enough to add up by hand."""
 
+from dataclasses import replace
+
 import numpy as np
 import pytest
 
@@ -133,3 +135,29 @@ def test_rejected_drafts_are_routed_apart_from_the_continuation():
     draft = np.full_like(trace.expert_ids, 3)
     given = simulate(trace, make_policy("lru"), ROUND, SimulationSettings(**base), rejected=draft)
     assert given.stats.needed == 2 * given.steps  # expert 0 (accepted) and 3 (rejected)
+
+
+def test_fixed_costs_are_paid_per_layer_and_per_step():
+    # Expert 0 preloaded (static from the fit split): 0.1 ms per token, plus 0.5 ms of fixed
+    # layer time and 0.2 ms of fixed step time.
+    fixed = replace(ROUND, layer_time=0.5e-3, step_time=0.2e-3)
+    trace = one_layer_trace([0] * 6)
+    settings = SimulationSettings(
+        cache_ratio=0.25, draft_length=0, tokens=3, fit_tokens=2, draft_bytes_ratio=0.0
+    )
+    policy = make_policy("static").fit(trace.first_tokens(2))
+    result = simulate(trace, policy, fixed, settings)
+    assert result.seconds == pytest.approx(3 * 0.8e-3)
+    assert result.layer_ms == pytest.approx(0.6)  # the pass's layer: fixed + expert
+
+
+def test_cpu_experts_slow_down_while_the_link_copies_from_host_memory():
+    # One cache slot; the token needs experts 0 and 1: LRU fetches 0 (1 ms on the link) and
+    # runs 1 on the CPU (1 ms of weight reads). Host memory serves 1.5 GB/s in all: while the
+    # copy runs, the CPU reads at 0.5 GB/s and takes 2 ms; without sharing, 1.1 ms (the wait).
+    ids = np.array([[[0, 1]]] * 3, dtype=np.int64)  # [T, L=1, m=2]
+    trace = RoutingTrace(ids, [0, 3], ["doc"], 4, [10**6], [0])
+    settings = SimulationSettings(cache_ratio=0.25, draft_length=0, tokens=1, draft_bytes_ratio=0)
+    shared = replace(ROUND, host_memory_bandwidth=1.5e9)
+    assert simulate(trace, make_policy("lru"), ROUND, settings).seconds == pytest.approx(1.1e-3)
+    assert simulate(trace, make_policy("lru"), shared, settings).seconds == pytest.approx(2e-3)

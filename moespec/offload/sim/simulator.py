@@ -20,8 +20,10 @@ w_l its bytes, q_l = 2 w_l / (bytes per parameter) its FLOPs per token:
     CPU           g_l(c) = phi_cpu + w_l / B_cpu + c q_l / F_cpu
     copy          x_l    = lambda_link + w_l / B_link      (one copy engine, copies in sequence)
     hidden states z      = 2 (lambda_link + n d 2 / B_link) per layer with CPU experts (d: hidden)
-    dense         d_l    = D_l / B_acc    (attention, router, shared experts: D_l bytes per layer)
-    draft         h(k)   = k D_draft / B_acc   (the draft model on the accelerator)
+    dense         d_l    = phi_layer + D_l / B_acc   (attention, router, shared experts: D_l bytes
+                                                per layer; phi_layer: launches, synchronisation)
+    draft         h(k)   = k (phi_draft + D_draft / B_acc)   (the draft model on the accelerator)
+    step          phi_step after the last layer (LM head, sampling)
 
 A step starting at t0 drafts on the accelerator until t0 + h(k); layer l of the pass starts at
 t_l (t_0 = t0 + h(k)) and its router output is known at r_l = t_l + d_l, when the policy plans.
@@ -31,13 +33,19 @@ draft and earlier layers; a copy holds its cache bytes from its start). Then, in
 
     accelerator  G_l = r_l + sum of a_l over experts arrived by r_l, then for each awaited
                  expert in order of arrival: G_l = max(G_l, arrival) + a_l(c)
-    CPU          C_l = r_l + z + sum of g_l over the CPU experts
+    CPU          C_l = r_l + z + sum of g_l over the CPU experts, stretched by contention
     layer end    t_{l+1} = max(G_l, C_l)
 
-The step ends at t_L; tokens/s = emitted tokens / total time. The CPU and accelerator memory
-buses are assumed independent, and the link's other direction (hidden states) free.
+Host-memory contention (profile's B_host > 0): the CPU's expert reads and the copy engine share
+host memory. While the link copies, the CPU reads weights at min(B_cpu, B_host - B_link): the
+weight-reading part M of C_l, with a share rho of [r_l, r_l + C_l] overlapped by copies, takes
+M (1 - rho) + M rho B_cpu / min(B_cpu, B_host - B_link). Copies keep their pace (the DMA engine
+is not throttled), an assumption. The step ends at t_L + phi_step; tokens/s = emitted tokens
+/ total time. The accelerator's memory is its own, and the link's other direction (hidden
+states) free.
 """
 
+from collections import deque
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -94,6 +102,14 @@ class SimulationResult:
     previous_pass_accuracy: float | None  # the forecast "hot = active in the previous pass"
     policy_stats: dict = field(default_factory=dict)
     log: dict | None = None
+    pass_seconds: float = 0.0  # the passes' MoE layers (router output to layer end, and dense)
+    draft_seconds: float = 0.0
+    num_layers: int = 1
+
+    @property
+    def layer_ms(self) -> float:
+        """Mean time of one decoder layer of a pass (the paper's "layer profile", App. G)."""
+        return 1e3 * self.pass_seconds / max(self.steps * self.num_layers, 1)
 
     @property
     def tokens_per_second(self) -> float:
@@ -119,6 +135,8 @@ class SimulationResult:
             "tokens": self.tokens,
             "steps": self.steps,
             "seconds": self.seconds,
+            "layer_ms": self.layer_ms,
+            "draft_seconds": self.draft_seconds,
             **self.stats.to_dict(),
             "needed_experts": self.stats.needed,
             "preload_bytes": self.preload_bytes,
@@ -140,11 +158,17 @@ class _Costs:
         self.cpu_expert = p.cpu_expert_time + w / p.cpu_bandwidth
         self.cpu_slot = q / p.cpu_flops
         self.copy = p.link_latency + w / p.link_bandwidth
-        self.dense = s.dense_bytes_per_layer / p.accelerator_bandwidth
+        self.dense = p.layer_time + s.dense_bytes_per_layer / p.accelerator_bandwidth
+        self.step = p.step_time
+        self.cpu_read = w / p.cpu_bandwidth  # the weight-reading part of g_l
+        self.cpu_slowdown = 1.0
+        if p.host_memory_bandwidth > 0:
+            left = max(p.host_memory_bandwidth - p.link_bandwidth, 1e-3 * p.cpu_bandwidth)
+            self.cpu_slowdown = p.cpu_bandwidth / min(p.cpu_bandwidth, left)
         self.link_latency, self.link_bandwidth = p.link_latency, p.link_bandwidth
         self.hidden_bytes_per_token = 2 * s.hidden_size
         draft_bytes = s.draft_bytes_ratio * trace.num_experts * w.sum()
-        self.draft_token = draft_bytes / p.accelerator_bandwidth
+        self.draft_token = p.draft_token_time + draft_bytes / p.accelerator_bandwidth
 
     def hidden_round_trip(self, n_tokens: int) -> float:
         return 2 * (
@@ -162,6 +186,7 @@ class _Link:
         self.free_at = self._start = 0.0
         self.layer_copy_seconds = 0.0
         self.layer_copies = 0
+        self.busy = deque(maxlen=256)  # (start, end) of the latest copies, in start order
 
     # Back-end hooks (called by the driver from `admit`).
     def arrival(self, layer: int, now: float) -> float:
@@ -170,6 +195,7 @@ class _Link:
     def copy_started(self, layer: int, expert: int, kind: str) -> None:
         seconds = self.costs.copy[layer]
         self.free_at = self._start + seconds
+        self.busy.append((self._start, self.free_at))
         self.layer_copy_seconds += seconds
         self.layer_copies += 1
         if self.log is not None:
@@ -179,6 +205,15 @@ class _Link:
     def evicted(self, layer: int, expert: int) -> None:
         if self.log is not None:
             self.log["events"].append(("evict", self._start, layer, expert))
+
+    def busy_within(self, start: float, end: float) -> float:
+        """Seconds of [start, end] the link spends copying."""
+        total = 0.0
+        for a, b in reversed(self.busy):
+            if b <= start:  # copies run in sequence: every older one ended earlier
+                break
+            total += max(0.0, min(b, end) - max(a, start))
+        return total
 
     # The clock.
     def advance(self, now: float) -> None:
@@ -247,6 +282,7 @@ class _Run:
         self.smape = SmapeMeter()
         self.pos, self.time, self.emitted, self.steps = s.fit_tokens, 0.0, 0, 0
         self.rejected = rejected
+        self.pass_seconds = self.draft_seconds = 0.0  # the verification passes' layers, drafts
         self.popularity = None
         if rejected is None and s.rejected_routing == "popularity":
             self.popularity = _popularity(trace, s.fit_tokens)
@@ -271,6 +307,9 @@ class _Run:
         t = self.time + draft
         for layer in range(self.trace.num_layers):
             t = self._layer(layer, counts[layer], n, t)
+        self.pass_seconds += t - self.time - draft
+        self.draft_seconds += draft
+        t += self.costs.step
         self.policy.end_step(emitted - 1)
         self.time, self.pos = t, self.pos + emitted
         self.emitted += emitted
@@ -322,6 +361,10 @@ class _Run:
                 + row[cpu].sum() * costs.cpu_slot[layer]
                 + costs.hidden_round_trip(n)
             )
+            if costs.cpu_slowdown > 1.0:
+                link.advance(now + cpu_busy)  # the copies that share host memory with it
+                overlap = min(link.busy_within(now, now + cpu_busy) / cpu_busy, 1.0)
+                cpu_busy += len(cpu) * costs.cpu_read[layer] * overlap * (costs.cpu_slowdown - 1)
         end = max(acc_end, now + cpu_busy)
         link.advance(end)  # copies that start while the layer computes
         if self.log is not None:
@@ -378,6 +421,9 @@ class _Run:
             previous_pass_accuracy=self.previous_pass.value(),
             policy_stats=self.policy.stats(),
             log=self.log,
+            pass_seconds=self.pass_seconds,
+            draft_seconds=self.draft_seconds,
+            num_layers=self.trace.num_layers,
         )
 
 
