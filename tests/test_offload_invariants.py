@@ -24,6 +24,7 @@ EVERY_POLICY = [
     "spac-release",
     "spac-count-adaptive",
     "spac-level",
+    "spac-link",
 ]
 
 

@@ -19,7 +19,7 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from moespec.offload.policies.balancer import WorkloadBalancer
+from moespec.offload.policies.balancer import WorkloadBalancer, link_fetches
 from moespec.offload.policies.base import EMPTY, LayerPlan, OffloadPolicy
 from moespec.offload.policies.estimator import READINGS, UtilityEstimator
 from moespec.offload.policies.queues import EvictionPool, PrefetchQueue
@@ -41,6 +41,7 @@ class SpAcConfig:
     speculative: bool = True  # False: plain decoding, utility over a window of tokens
     window_tokens: int = 10  # the window without speculation
     warmup_steps: int = 8  # steps before the balancer starts (it learns from the first step)
+    link_fetch: bool = False  # beyond the paper: misses copied on demand when that is sooner
 
 
 ABLATIONS: dict[str, SpAcConfig] = {
@@ -56,6 +57,8 @@ ABLATIONS: dict[str, SpAcConfig] = {
     "spac-release": SpAcConfig(fixed_bounds=(5.0, 1.0), max_utility=5),
     "spac-count-adaptive": SpAcConfig(adaptive_bounds=True),
     "spac-level": SpAcConfig(reference="level", adaptive_bounds=True),
+    # Beyond the paper: the link as a third resource of the balancer (balancer.link_fetches).
+    "spac-link": SpAcConfig(link_fetch=True),
 }
 
 
@@ -117,7 +120,25 @@ class SpAcPolicy(OffloadPolicy):
         cached = self.cache.present[layer, experts]
         for e in experts[cached]:
             self.pool.move(layer, int(e), int(u[e]))  # used now: to the back of its level
-        return LayerPlan(accelerator=experts[cached], cpu=experts[~cached], fetch=EMPTY)
+        fetch = self._link_fetches(layer, experts[~cached], counts[~cached], now)
+        accelerator = np.concatenate([experts[cached], fetch]).astype(np.int64)
+        return LayerPlan(accelerator, np.setdiff1d(experts[~cached], fetch), fetch)
+
+    def _link_fetches(self, layer, misses, counts, now) -> np.ndarray:
+        """The misses to copy on demand (spac-link only), hottest first; see link_fetches."""
+        times = self.unit_times
+        cpu_expert, copy = times.cpu_per_expert, times.copy_per_expert
+        if not self.config.link_fetch or not len(misses) or None in (cpu_expert, copy):
+            return EMPTY
+        order = np.argsort(-counts, kind="stable")
+        arriving = self.cache.present & (self.cache.ready_at > now)
+        j = link_fetches(
+            np.full(len(misses), cpu_expert),  # the mean CPU expert: weight reads dominate
+            link_backlog=int(arriving.sum()) * copy,
+            copy_seconds=copy,
+            accelerator_seconds=times.accelerator_per_expert or 0.0,
+        )
+        return misses[order[:j]].astype(np.int64)
 
     def end_layer(self, layer, experts, counts) -> None:
         frequency = self._window_frequency(layer, experts, counts)
