@@ -2,12 +2,17 @@
 
 Checkpoint mode (--model DIR, default the embedded demo model): the model's greedy continuation
 of --prompt is decoded with the oracle drafter (draft length k, geometric acceptance a) by the
-in-memory engine and, for each policy, by the offload engine at --cache-ratio; the routing of
+in-memory engine and, for each policy, by the offload engine at --expert-cache-ratio; the routing of
 that continuation, recorded teacher-forced, is the simulator's trace (its prompt part the fit
 split of both), replayed at the same k and a on a profile measured here (`this-machine`), with
 the model's dense bytes per layer and no draft time (the oracle costs none). spac-ar decodes
 without a draft in both. Reported per policy: measured and simulated tokens/s and time per
-step, the simulator's relative error, hit rate, bytes copied, CPU experts.
+step, the simulator's relative error, hit rate, bytes copied, CPU experts. Every arm is
+warmed once, then measured once per round for --repeats rounds (the median run reported). The
+in-memory arm without speculation is the calibration point: it sets the profile's fixed time
+per layer (Python dispatch, attention, everything but experts and dense weights); every other
+row is a prediction, and the gate is met when each lies within --gate-tolerance (20%) of its
+measured tokens/s (exit status 1 otherwise, after the JSON is written).
 
 Expert mode (--synthetic SHAPE): random experts of a built-in shape (MoE layers cut by
 --layers) replayed through the executor alone with the simulator's own steps (same seeded
@@ -15,7 +20,7 @@ acceptance draws), activations on --device: what a GPU run measures (real PCIe c
 device cache) without attention. The profile is measured here: `this-machine` on the CPU; on
 CUDA, pinned copies, device and CPU expert times at the shape's size.
 
-    python benchmarks/offload_engine.py --out FILE [--model DIR] [--cache-ratio 0.25]
+    python benchmarks/offload_engine.py --out FILE [--model DIR] [--expert-cache-ratio 0.25]
         [--draft-length 4] [--acceptance 0.7] [--tokens 128] [--repeats 3] [--threads N]
     python benchmarks/offload_engine.py --out FILE --synthetic olmoe-1b-7b --layers 4 --device cuda
 """
@@ -23,6 +28,7 @@ CUDA, pinned copies, device and CPU expert times at the shape's size.
 import argparse
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -36,8 +42,8 @@ from moespec.demo import describe  # noqa: E402
 from moespec.files import check_writable, write_json
 from moespec.kernels import ExpertWeights, get_kernel
 from moespec.offload import POLICY_NAMES, make_policy
-from moespec.offload.executor import OffloadEngine, expert_cache_budget
-from moespec.offload.simulator import SimulationSettings, simulate
+from moespec.offload.engine.executor import OffloadEngine, expert_cache_budget
+from moespec.offload.sim.simulator import SimulationSettings, simulate
 from moespec.routing import RoutingTrace
 
 
@@ -50,14 +56,21 @@ def main() -> int:
     for name in policies:
         make_policy(name)  # unknown names fail before any work
     bench = ExpertBench(args) if args.synthetic else CheckpointBench(args)
-    results = {"in-memory": bench.row(None)}
-    if not all(make_policy(name).speculative for name in policies):
-        results["in-memory-ar"] = bench.row(None, speculative=False)
+    # The calibration point: the in-memory engine without speculation fixes the profile's
+    # fixed time per pass (everything but experts and dense weights); every other row is a
+    # prediction of the calibrated profile.
+    arms = {"in-memory-ar": (None, False), "in-memory": (None, True)}
+    arms.update({name: (name, make_policy(name).speculative) for name in policies})
+    measured = measure_in_rounds(bench, arms, args.repeats)
+    calibration = bench.calibrate(bench.row(None, False, measured["in-memory-ar"]))
+    results = {arm: bench.row(*arms[arm], measured[arm]) for arm in arms}
     for name in policies:
-        results[name] = bench.row(name)
         memory = "in-memory" if make_policy(name).speculative else "in-memory-ar"
         results[name]["offload_overhead_ms"] = overhead(results[name], results[memory])
     print_table(results)
+    gate = prediction_gate(results, args.gate_tolerance)
+    print(f"gate (|error| <= {args.gate_tolerance:.0%} beyond the calibration point): "
+          f"{'met' if gate['met'] else 'missed'}")  # fmt: skip
     write_json(
         args.out,
         {
@@ -65,13 +78,15 @@ def main() -> int:
             "settings": {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()},
             "workload": bench.description,
             "profile": bench.profile.to_dict(),
+            "calibration": {k: v for k, v in calibration.items() if k != "measured"},
             "results": results,
+            "gate": gate,
             "machine": machine(),
         },
         force=args.force,
     )
     print(f"wrote {args.out}", file=sys.stderr)
-    return 0
+    return 0 if gate["met"] else 1
 
 
 class Bench:
@@ -79,15 +94,11 @@ class Bench:
     simulation of the same trace and settings. Policy None: the experts in memory (simulated
     as LRU with a cache of every expert), with or without speculation."""
 
-    def row(self, name: str | None, speculative: bool = True) -> dict:
-        speculative = make_policy(name).speculative if name else speculative
-        self.measure(name, speculative)  # warm-up
-        runs = [self.measure(name, speculative) for _ in range(self.args.repeats)]
-        measured = median_run(runs)
+    def row(self, name: str | None, speculative: bool, measured: dict) -> dict:
         policy = make_policy(name or "lru").fit(self.fit)
         k = self.args.draft_length if speculative else 0
         settings = SimulationSettings(
-            cache_ratio=self.args.cache_ratio if name else 1.0,
+            cache_ratio=self.args.expert_cache_ratio if name else 1.0,
             draft_length=k,
             acceptance=self.args.acceptance,
             tokens=measured["tokens"],
@@ -95,6 +106,44 @@ class Bench:
             **self.sim_settings,
         )
         return side_by_side(measured, simulate(self.trace, policy, self.profile, settings))
+
+    def calibrate(self, row: dict) -> dict:
+        """Set the profile's fixed time per layer so that the simulated in-memory step
+        without speculation takes the measured one: (measured - simulated) / L."""
+        measured, simulated = row["measured"]["step_ms"], row["simulated"]["step_ms"]
+        before = self.profile.layer_time
+        layer_time = before + max(measured - simulated, 0.0) * 1e-3 / self.trace.num_layers
+        self.profile = replace(self.profile, layer_time=layer_time)
+        return {
+            "point": "in-memory-ar",
+            "layer_time_s": layer_time,
+            "uncalibrated_step_ms": simulated,
+            "measured_step_ms": measured,
+        }
+
+
+def measure_in_rounds(bench, arms: dict, repeats: int) -> dict:
+    """Every arm warmed once, then `repeats` rounds measuring each arm once, in order: load
+    from elsewhere on the machine falls on every arm alike. The median run of each arm."""
+    for name, speculative in arms.values():
+        bench.measure(name, speculative)
+    runs = {arm: [] for arm in arms}
+    for _ in range(repeats):
+        for arm, (name, speculative) in arms.items():
+            runs[arm].append(bench.measure(name, speculative))
+    return {arm: median_run(r) for arm, r in runs.items()}
+
+
+def prediction_gate(results: dict, tolerance: float) -> dict:
+    """Every row but the calibration point predicted within `tolerance` of its measured
+    tokens/s (the calibration gate's last check, issue: simulator vs engine)."""
+    errors = {
+        name: row["relative_error"]["tokens_per_second"]
+        for name, row in results.items()
+        if name != "in-memory-ar"
+    }
+    missed = sorted(name for name, e in errors.items() if e is None or abs(e) > tolerance)
+    return {"tolerance": tolerance, "errors": errors, "missed": missed, "met": not missed}
 
 
 def overhead(row: dict, memory: dict) -> dict:
@@ -115,7 +164,7 @@ def parse_args():
     parser.add_argument("--dtype", default="fp32", choices=["fp32", "bf16"])
     parser.add_argument("--prompt", default="The")
     parser.add_argument("--policies", default=",".join(POLICY_NAMES))
-    parser.add_argument("--cache-ratio", type=float, default=0.25)
+    parser.add_argument("--expert-cache-ratio", type=float, default=0.25)
     parser.add_argument("--draft-length", type=int, default=4)
     parser.add_argument("--acceptance", type=float, default=0.7)
     parser.add_argument("--tokens", type=int, default=128, help="tokens decoded per run")
@@ -124,6 +173,7 @@ def parse_args():
     parser.add_argument("--kernel", default="slot", choices=["slot", "dedup"])
     parser.add_argument("--threads", type=int, help="torch threads (default: torch's)")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--gate-tolerance", type=float, default=0.2)
     parser.add_argument("--force", action="store_true")
     return parser.parse_args()
 
@@ -137,8 +187,8 @@ def side_by_side(measured: dict, simulated) -> dict:
         "tokens_per_second": simulated.tokens_per_second,
         "step_ms": 1e3 * simulated.seconds / simulated.steps,
         "hit_rate": simulated.hit_rate,
-        "bytes_copied": simulated.bytes_moved,
-        "cpu_experts": simulated.cpu_experts,
+        "bytes_copied": simulated.stats.bytes_copied,
+        "cpu_experts": simulated.stats.cpu_experts,
         "steps": simulated.steps,
         "tokens": simulated.tokens,
     }
@@ -206,7 +256,9 @@ class CheckpointBench(Bench):
         engine = None
         if policy_name is not None:
             total = self.trace.num_experts * sum(self.trace.expert_bytes)
-            budget = expert_cache_budget(total, self.trace.expert_bytes[0], ratio=args.cache_ratio)
+            budget = expert_cache_budget(
+                total, self.trace.expert_bytes[0], ratio=args.expert_cache_ratio
+            )
             policy = make_policy(policy_name).fit(self.fit)
             engine = OffloadEngine.for_model(
                 model, policy, budget, draft_length=k, device=args.device
@@ -275,7 +327,7 @@ def routing_trace(model, tokens: list[int]) -> RoutingTrace:
 
 
 def this_machine(model):
-    from moespec.offload.hardware import measure_this_machine
+    from moespec.offload.sim.hardware import measure_this_machine
 
     block = next(iter(model.moe_blocks.values()))
     return measure_this_machine(block.experts.hidden_size, block.experts.intermediate_size)
@@ -383,7 +435,9 @@ class ExpertBench(Bench):
     def engine(self, policy, k: int) -> OffloadEngine:
         trace = self.trace
         total = trace.num_experts * sum(trace.expert_bytes)
-        budget = expert_cache_budget(total, trace.expert_bytes[0], ratio=self.args.cache_ratio)
+        budget = expert_cache_budget(
+            total, trace.expert_bytes[0], ratio=self.args.expert_cache_ratio
+        )
         engine = OffloadEngine(
             self.experts, policy, budget, top_k=trace.top_k, draft_length=k, device=self.args.device
         )
@@ -416,7 +470,7 @@ def expert_profile(experts: ExpertWeights, device: str):
     on the device (pinned copies of one expert; one expert applied to one token)."""
     from dataclasses import replace
 
-    from moespec.offload.hardware import measure_this_machine
+    from moespec.offload.sim.hardware import measure_this_machine
 
     cpu = measure_this_machine(experts.hidden_size, experts.intermediate_size)
     if device == "cpu":

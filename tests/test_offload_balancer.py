@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from moespec.offload.balancer import WorkloadBalancer, solve_threshold
+from moespec.offload.policies.balancer import WorkloadBalancer, link_fetches, solve_threshold
 
 
 def brute_force(
@@ -106,3 +106,14 @@ def test_warm_up_learns_cpu_and_gpu_shares_per_threshold():
     assert np.allclose(balancer.cpu_share[0], [0.25, 0.5])
     assert np.allclose(balancer.gpu_share[0], [2 / 3, 1 / 3])
     assert balancer.distinct[0] == 3
+
+
+def test_the_link_takes_misses_while_the_cpu_queue_would_finish_later():
+    # Four misses of 1 ms each on the CPU; a copy + compute takes 0.6 ms. Fetching j of them
+    # finishes at max(4 - j, 0.6 j) ms: 2 at j = 2, 1.8 at j = 3, 2.4 at j = 4: j = 3.
+    assert link_fetches([1e-3] * 4, link_backlog=0, copy_seconds=0.5e-3,
+                        accelerator_seconds=0.1e-3) == 3  # fmt: skip
+    # A busy link (5 ms of copies queued): no miss gains by waiting for it.
+    assert link_fetches([1e-3] * 4, link_backlog=5e-3, copy_seconds=0.5e-3,
+                        accelerator_seconds=0.1e-3) == 0  # fmt: skip
+    assert link_fetches([], link_backlog=0, copy_seconds=1e-3, accelerator_seconds=0) == 0

@@ -34,7 +34,7 @@ def test_json_is_keyed_by_policy_with_the_promised_fields(capsys, trace_file):
     results = json.loads(out)
     assert list(results) == ["spac", "lru", "static", "hybrid", "spac-ar"]
     for r in results.values():
-        assert {"tokens_per_second", "hit_rate", "bytes_moved"} <= set(r)
+        assert {"tokens_per_second", "hit_rate", "bytes_copied"} <= set(r)
         assert r["tokens"] == 40
 
 
@@ -67,7 +67,7 @@ def test_report_writes_tables_and_figures_and_refuses_to_clobber(capsys, trace_f
     [
         (["--policy", "fifo"], "unknown policy 'fifo'"),
         (["--profile", "tpu"], "unknown hardware profile 'tpu'"),
-        (["--cache-ratio", "2"], "cache ratio must be in [0, 1]"),
+        (["--expert-cache-ratio", "2"], "cache ratio must be in [0, 1]"),
     ],
 )
 def test_bad_input_is_one_line_and_exit_status_2(capsys, trace_file, argv, message):

@@ -9,7 +9,7 @@ import torch
 from moespec.decoding import DraftLengthPolicy, KernelPolicy, OracleDrafter, generate, summarize
 from moespec.models import load_model
 from moespec.offload import POLICY_NAMES, make_policy
-from moespec.offload.executor import OffloadEngine, expert_cache_budget, fits_in_memory
+from moespec.offload.engine.executor import OffloadEngine, expert_cache_budget, fits_in_memory
 
 PROMPT = [5, 17, 33, 2, 5, 17, 40, 41]
 TOKENS = 20
@@ -69,7 +69,7 @@ def run(model, policy, budget, reference, *, speculate, kernel="slot", sink=None
 
 @pytest.mark.parametrize("speculate", [False, True], ids=["plain", "speculative"])
 @pytest.mark.parametrize("budget", ["one-per-layer", "25%", "60%"])
-@pytest.mark.parametrize("policy", POLICY_NAMES)
+@pytest.mark.parametrize("policy", [*POLICY_NAMES, "spac-release", "spac-link"])
 def test_offloaded_greedy_tokens_equal_in_memory(model, reference, policy, budget, speculate):
     records, engine = run(model, policy, budgets(model)[budget], reference, speculate=speculate)
     assert tokens_of(records) == reference

@@ -12,8 +12,8 @@ import torch
 from moespec.decoding import DraftLengthPolicy, KernelPolicy, OracleDrafter, generate
 from moespec.models import load_model
 from moespec.offload import make_policy
-from moespec.offload.executor import OffloadEngine
-from moespec.offload.tiers import CudaBackend
+from moespec.offload.engine.executor import OffloadEngine
+from moespec.offload.engine.tiers import CudaBackend
 
 PROMPT = [5, 17, 33, 2, 5, 17, 40, 41]
 

@@ -11,7 +11,7 @@ import torch
 
 from moespec.kernels import ExpertWeights
 from moespec.offload import make_policy
-from moespec.offload.executor import OffloadEngine
+from moespec.offload.engine.executor import OffloadEngine
 
 LAYERS, EXPERTS, HIDDEN, INTER, TOP_K, TOKENS = 1, 8, 8, 4, 2, 3
 STEPS, WARM_UP = 10_000, 2_000

@@ -2,7 +2,7 @@
 
 import pytest
 
-from moespec.offload.estimator import UtilityEstimator, default_max_utility
+from moespec.offload.policies.estimator import UtilityEstimator, default_max_utility
 
 
 def utilities(sequence, **settings):

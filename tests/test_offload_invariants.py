@@ -7,7 +7,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from moespec.offload import POLICY_NAMES, get_profile, make_policy, simulate
-from moespec.offload.simulator import SimulationSettings
+from moespec.offload.sim.simulator import SimulationSettings
 from moespec.routing import RoutingTrace
 
 EVERY_POLICY = [
@@ -21,6 +21,10 @@ EVERY_POLICY = [
     "spac-no-prefetch",
     "spac-no-evict",
     "spac-literal-delta",
+    "spac-release",
+    "spac-count-adaptive",
+    "spac-level",
+    "spac-link",
 ]
 
 
@@ -122,13 +126,13 @@ def test_no_expert_is_evicted_while_its_layer_computes_with_it(scenario):
 
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(scenarios())
-def test_bytes_moved_are_the_bytes_of_the_copies_scheduled(scenario):
+def test_bytes_copied_are_the_bytes_of_the_copies_scheduled(scenario):
     result = run_logged(*scenario)
     copies = [e for e in result.log["events"] if e[0] == "copy"]
-    assert result.bytes_moved == sum(e[4] for e in copies)
-    assert result.copies == len(copies)
+    assert result.stats.bytes_copied == sum(e[4] for e in copies)
+    assert result.stats.copies == len(copies)
     fetches = sum(len(r["fetch"]) for r in result.log["layers"])
-    assert result.fetches + result.fallback_cpu == fetches
+    assert result.stats.fetches + result.stats.fallbacks == fetches
 
 
 def test_a_simulation_is_deterministic_for_a_seed():

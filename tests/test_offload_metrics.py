@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 
-from moespec.offload.metrics import frequency_smape, hot_cold_accuracy, smape_terms
+from moespec.offload.sim.metrics import frequency_smape, hot_cold_accuracy, smape_terms
 
 
 def test_smape_terms_follow_the_definition_and_are_zero_when_both_vanish():

@@ -1,6 +1,6 @@
 """The prefetch queue (utility levels, FIFO per level) and the eviction pool (§3.4)."""
 
-from moespec.offload.queues import EvictionPool, PrefetchQueue
+from moespec.offload.policies.queues import EvictionPool, PrefetchQueue
 
 
 def test_prefetches_leave_by_utility_then_in_the_order_they_came():

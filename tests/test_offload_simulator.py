@@ -1,10 +1,12 @@
 """The simulator's timing model and speculative steps, on cases small enough to add up by hand."""
 
+from dataclasses import replace
+
 import numpy as np
 import pytest
 
 from moespec.offload import HardwareProfile, make_policy, simulate
-from moespec.offload.simulator import SimulationSettings
+from moespec.offload.sim.simulator import SimulationSettings
 from moespec.routing import RoutingTrace
 
 # Round numbers: a 1 MB expert copies in 1 ms, runs in 0.1 ms on the accelerator, 1 ms on the CPU.
@@ -40,7 +42,7 @@ def test_on_demand_lru_pays_one_copy_then_hits():
     # One expert of budget; token 1 misses (1 ms copy + 0.1 ms), tokens 2 and 3 hit (0.1 ms).
     result = run("lru", one_layer_trace([0] * 6), cache_ratio=0.25, draft_length=0, tokens=3)
     assert result.seconds == pytest.approx(1.3e-3)
-    assert (result.bytes_moved, result.hit_rate) == (10**6, pytest.approx(2 / 3))
+    assert (result.stats.bytes_copied, result.hit_rate) == (10**6, pytest.approx(2 / 3))
 
 
 def test_static_placement_computes_the_cold_expert_on_the_cpu():
@@ -48,7 +50,11 @@ def test_static_placement_computes_the_cold_expert_on_the_cpu():
     trace = one_layer_trace([1, 1, 0, 0, 0, 0])
     result = run("static", trace, cache_ratio=0.25, draft_length=0, tokens=3, fit_tokens=2)
     assert result.seconds == pytest.approx(3e-3)
-    assert (result.bytes_moved, result.cpu_experts, result.preload_bytes) == (0, 3, 10**6)
+    assert (result.stats.bytes_copied, result.stats.cpu_experts, result.preload_bytes) == (
+        0,
+        3,
+        10**6,
+    )
 
 
 def test_previous_pass_forecast_is_scored_beside_the_policy():
@@ -62,14 +68,21 @@ def test_previous_pass_forecast_is_scored_beside_the_policy():
 def test_rejected_drafts_still_cost_the_draft_and_a_verified_pass():
     # k = 2 at acceptance 0: each step drafts 2 tokens (0.1 ms each: 1 MB of draft at 10 GB/s)
     # and verifies 3 tokens of expert 0 on the CPU (1 ms, read once), but emits one token.
+    # Rejected drafts routed like the continuation: expert 0 again.
     trace = one_layer_trace([0] * 12)
-    settings = dict(cache_ratio=0.0, draft_length=2, acceptance=0.0, tokens=5)
+    settings = dict(
+        cache_ratio=0.0,
+        draft_length=2,
+        acceptance=0.0,
+        tokens=5,
+        rejected_routing="continuation",
+    )
     result = simulate(
         trace, make_policy("lru"), ROUND, SimulationSettings(draft_bytes_ratio=0.25, **settings)
     )
     assert result.steps == result.tokens == 5
     assert result.seconds == pytest.approx(5 * 1.2e-3)
-    assert result.fallback_cpu == 5  # no budget at all: the fetch cannot happen
+    assert result.stats.fallbacks == 5  # no budget at all: the fetch cannot happen
 
 
 def test_accepted_drafts_advance_the_trace():
@@ -107,3 +120,44 @@ def test_static_placement_without_a_fit_is_refused():
         simulate(
             one_layer_trace([0] * 4), make_policy("static"), ROUND, SimulationSettings(tokens=2)
         )
+
+
+def test_rejected_drafts_are_routed_apart_from_the_continuation():
+    # Every accepted token routes to expert 0; a rejected draft drawn from the fit split's
+    # popularity (expert 0 only there, but one pseudo-count each) or given by a draft's
+    # routing array reaches other experts, and only in the rejected positions.
+    trace = one_layer_trace([0] * 40)
+    base = dict(cache_ratio=1.0, draft_length=3, acceptance=0.0, tokens=20, fit_tokens=4)
+    same = run("lru", trace, rejected_routing="continuation", **base)
+    drawn = run("lru", trace, **base)
+    assert same.stats.needed == same.steps  # one expert per pass
+    assert drawn.stats.needed > drawn.steps
+    draft = np.full_like(trace.expert_ids, 3)
+    given = simulate(trace, make_policy("lru"), ROUND, SimulationSettings(**base), rejected=draft)
+    assert given.stats.needed == 2 * given.steps  # expert 0 (accepted) and 3 (rejected)
+
+
+def test_fixed_costs_are_paid_per_layer_and_per_step():
+    # Expert 0 preloaded (static from the fit split): 0.1 ms per token, plus 0.5 ms of fixed
+    # layer time and 0.2 ms of fixed step time.
+    fixed = replace(ROUND, layer_time=0.5e-3, step_time=0.2e-3)
+    trace = one_layer_trace([0] * 6)
+    settings = SimulationSettings(
+        cache_ratio=0.25, draft_length=0, tokens=3, fit_tokens=2, draft_bytes_ratio=0.0
+    )
+    policy = make_policy("static").fit(trace.first_tokens(2))
+    result = simulate(trace, policy, fixed, settings)
+    assert result.seconds == pytest.approx(3 * 0.8e-3)
+    assert result.layer_ms == pytest.approx(0.6)  # the pass's layer: fixed + expert
+
+
+def test_cpu_experts_slow_down_while_the_link_copies_from_host_memory():
+    # One cache slot; the token needs experts 0 and 1: LRU fetches 0 (1 ms on the link) and
+    # runs 1 on the CPU (1 ms of weight reads). Host memory serves 1.5 GB/s in all: while the
+    # copy runs, the CPU reads at 0.5 GB/s and takes 2 ms; without sharing, 1.1 ms (the wait).
+    ids = np.array([[[0, 1]]] * 3, dtype=np.int64)  # [T, L=1, m=2]
+    trace = RoutingTrace(ids, [0, 3], ["doc"], 4, [10**6], [0])
+    settings = SimulationSettings(cache_ratio=0.25, draft_length=0, tokens=1, draft_bytes_ratio=0)
+    shared = replace(ROUND, host_memory_bandwidth=1.5e9)
+    assert simulate(trace, make_policy("lru"), ROUND, settings).seconds == pytest.approx(1.1e-3)
+    assert simulate(trace, make_policy("lru"), shared, settings).seconds == pytest.approx(2e-3)

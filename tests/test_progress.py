@@ -109,7 +109,7 @@ def test_simulate_draws_no_bar_when_stderr_is_piped(trace_file):
 
 
 def test_an_interrupted_report_leaves_no_directory(capsys, trace_file, tmp_path, monkeypatch):
-    import moespec.offload.experiments as experiments
+    import moespec.offload.sim.experiments as experiments
 
     def interrupted(*args, **kwargs):
         raise KeyboardInterrupt
@@ -128,7 +128,7 @@ def test_an_interrupted_report_keeps_the_previous_one(capsys, trace_file, tmp_pa
     report = tmp_path / "report"
     assert main([*simulate_argv(trace_file), "--report", str(report)]) == 0
     before = {p.name: p.read_bytes() for p in report.iterdir()}
-    import moespec.offload.experiments as experiments
+    import moespec.offload.sim.experiments as experiments
 
     def interrupted(*args, **kwargs):
         raise KeyboardInterrupt

@@ -375,7 +375,7 @@ def open_offload(args, model, speculative: bool, draft_length, note: bool = True
     if args.offload is None:
         return None
     from moespec.offload import make_policy as make_offload_policy
-    from moespec.offload.executor import (
+    from moespec.offload.engine.executor import (
         OffloadEngine,
         expert_cache_budget,
         fits_in_memory,

@@ -4,12 +4,13 @@ Replays a recorded trace (--trace FILE) or a synthetic one of a built-in model s
 (--synthetic MODEL, fitted to the shape's published rho(2) or --reuse2) through each policy
 (spac, lru, static, hybrid, spac-ar; baselines without speculation as lru-ar, static-ar,
 hybrid-ar; SpAc ablations as spac-no-estimator, spac-fixed-bounds, spac-static-tau,
-spac-no-prefetch, spac-no-evict, spac-no-sd, spac-literal-delta), with speculative steps of
---draft-length k at geometric --acceptance a, under one cache budget (--cache-ratio of all
+spac-no-prefetch, spac-no-evict, spac-no-sd, spac-literal-delta, spac-release,
+spac-count-adaptive, spac-level), with speculative steps of
+--draft-length k at geometric --acceptance a, under one cache budget (--expert-cache-ratio of all
 expert bytes), on a hardware profile (rtx4090-pcie4, a100-pcie4, this-machine, or a JSON file).
 Prints tokens/s, latency per token, cache hit rate, hot/cold accuracy (beside that of the
 forecast "active in the previous pass"), frequency sMAPE and
-bytes moved per policy. --report DIR also simulates the comparisons of the MoE-SpAc paper
+bytes copied per policy. --report DIR also simulates the comparisons of the MoE-SpAc paper
 (tokens/s per workload and policy, SpAc with one part removed at a time, tokens/s against the
 cache size and against the draft length) and writes them as Markdown, PNG and JSON; an
 interrupted report writes nothing.
@@ -33,7 +34,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="NAME",
         help="rtx4090-pcie4 (default), a100-pcie4, this-machine, or FILE.json",
     )
-    parser.add_argument("--cache-ratio", type=float, default=0.25, metavar="R")
+    parser.add_argument("--expert-cache-ratio", type=float, default=0.25, metavar="R")
     parser.add_argument("--draft-length", type=int, default=8, metavar="K")
     parser.add_argument("--acceptance", type=float, default=0.7, metavar="A")
     parser.add_argument(
@@ -72,8 +73,8 @@ def run(args: argparse.Namespace) -> int:
     from dataclasses import asdict
 
     from moespec.offload import make_policy
-    from moespec.offload.experiments import compare_policies, settings_for
-    from moespec.offload.hardware import get_profile
+    from moespec.offload.sim.experiments import compare_policies, settings_for
+    from moespec.offload.sim.hardware import get_profile
     from moespec.progress import Progress, show_progress
 
     names = [n.strip() for n in args.policy.split(",") if n.strip()]
@@ -91,7 +92,7 @@ def run(args: argparse.Namespace) -> int:
         workload = load_workload(args)
         settings = settings_for(
             workload,
-            cache_ratio=args.cache_ratio,
+            cache_ratio=args.expert_cache_ratio,
             draft_length=args.draft_length,
             acceptance=args.acceptance,
             tokens=args.tokens,
@@ -116,7 +117,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 def load_workload(args):
-    from moespec.offload.workload import synthetic_workload, trace_workload
+    from moespec.offload.sim.workload import synthetic_workload, trace_workload
 
     if args.trace:
         return trace_workload(args.trace)
@@ -136,7 +137,7 @@ def write_full_report(args, workload, names, profile, settings, progress):
     from dataclasses import asdict
 
     from moespec.offload import ABLATIONS
-    from moespec.offload.experiments import (
+    from moespec.offload.sim.experiments import (
         CACHE_RATIOS,
         DRAFT_LENGTHS,
         PAPER_ACCEPTANCES,
@@ -198,14 +199,14 @@ def format_results(results: dict, workload: str, profile: str, settings: dict) -
         f"workload {workload} on {profile}: cache ratio {settings['cache_ratio']}, draft length "
         f"{settings['draft_length']}, acceptance {settings['acceptance']}",
         f"{'policy':<20} {'tok/s':>8} {'ms/tok':>8} {'hit':>6} {'acc':>6} {'acc0':>6} "
-        f"{'sMAPE':>6} {'GB moved':>9} {'CPU exp.':>9}",
+        f"{'sMAPE':>6} {'GB copied':>9} {'CPU exp.':>9}",
     ]
     for name, r in results.items():
         acc, acc0 = r["hot_cold_accuracy"], r["previous_pass_hot_cold_accuracy"]
         lines.append(
             f"{name:<20} {r['tokens_per_second']:>8.2f} {r['latency_per_token_ms']:>8.1f} "
             f"{r['hit_rate']:>6.3f} {_fmt(acc):>6} {_fmt(acc0):>6} "
-            f"{r['frequency_smape']:>6.3f} {r['bytes_moved'] / 1e9:>9.2f} {r['cpu_experts']:>9}"
+            f"{r['frequency_smape']:>6.3f} {r['bytes_copied'] / 1e9:>9.2f} {r['cpu_experts']:>9}"
         )
     lines.append(
         "acc: the policy's hot/cold forecast (tau = 1); acc0: the forecast 'hot = active in the "

@@ -102,7 +102,7 @@ def generate(
     chooses per step among several drafters (and none); a step that drafts nothing is a plain
     step, the drafters not run.
 
-    offload: an offload engine (moespec.offload.executor) running the target's experts from
+    offload: an offload engine (moespec.offload.engine.executor) running the target's experts from
     its tiers; each pass is bracketed by its begin_step/end_step, and records carry its stats.
     """
     if max_tokens < 1:

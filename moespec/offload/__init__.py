@@ -1,14 +1,27 @@
-"""Offloaded experts: cache policies (MoE-SpAc and baselines) and a trace-driven simulator.
+"""Offloaded experts, by role:
+
+    policies/  pure decisions: the policy protocol, MoE-SpAc (estimator, balancer, queues),
+               the baselines
+    driver.py  the clock-agnostic layer driver: plan check, pins, fetch / CPU fallback,
+               admit / evict, `OffloadStats`, the cache budget rule
+    engine/    the driver's real back end: host store, device slots, copy thread
+    sim/       the driver's virtual back end: clock, timing model, hardware profiles
 
 policy = make_policy("spac").fit(fit_trace)
 result = simulate(trace, policy, get_profile("rtx4090-pcie4"), SimulationSettings(...))
 """
 
-from moespec.offload.baselines import HybridPolicy, LRUPolicy, StaticPolicy
-from moespec.offload.hardware import PROFILES, HardwareProfile, get_profile, measure_this_machine
-from moespec.offload.policy import ExpertCache, LayerPlan, LayerTiming, OffloadPolicy
-from moespec.offload.simulator import SimulationResult, SimulationSettings, simulate
-from moespec.offload.spac import ABLATIONS, SpAcConfig, SpAcPolicy, spac_variant
+from moespec.offload.driver import LayerDriver, OffloadStats, expert_cache_budget
+from moespec.offload.policies.base import ExpertCache, LayerPlan, LayerTiming, OffloadPolicy
+from moespec.offload.policies.baselines import HybridPolicy, LRUPolicy, StaticPolicy
+from moespec.offload.policies.spac import ABLATIONS, SpAcConfig, SpAcPolicy, spac_variant
+from moespec.offload.sim.hardware import (
+    PROFILES,
+    HardwareProfile,
+    get_profile,
+    measure_this_machine,
+)
+from moespec.offload.sim.simulator import SimulationResult, SimulationSettings, simulate
 
 BASELINES = {"lru": LRUPolicy, "static": StaticPolicy, "hybrid": HybridPolicy}
 POLICY_NAMES = ["spac", "lru", "static", "hybrid", "spac-ar"]
@@ -43,14 +56,17 @@ __all__ = [
     "HardwareProfile",
     "HybridPolicy",
     "LRUPolicy",
+    "LayerDriver",
     "LayerPlan",
     "LayerTiming",
     "OffloadPolicy",
+    "OffloadStats",
     "SimulationResult",
     "SimulationSettings",
     "SpAcConfig",
     "SpAcPolicy",
     "StaticPolicy",
+    "expert_cache_budget",
     "get_profile",
     "make_policy",
     "measure_this_machine",

@@ -3,8 +3,12 @@
 Steps. With speculation (draft length k, geometric acceptance a, seeded) a step drafts k tokens
 and verifies the next n = k + 1 tokens of the trace in one pass (fewer at a document's end);
 j ~ min(Geometric, k) drafts are accepted and the step emits j + 1 tokens, which advance the
-trace. Approximation: a rejected draft is routed like the trace's next token (the trace has no
-routing for tokens that were never generated). The acceptance draws depend on the seed only,
+trace. Rejected drafts (the pass's tokens after the first rejection) are not the trace's next
+tokens: `rejected_routing` says how they are routed. "trace": from an array of the target's
+routing of the tokens a real draft proposed at each position (`simulate(..., rejected=ids)`);
+"popularity" (default without one): each slot drawn from the layer's expert frequencies in the
+fit split, m distinct experts per token, from a generator of its own; "continuation": like the
+trace's next tokens (an upper bound on any lookahead). The acceptance draws depend on the seed only,
 so every policy sees the same steps. A policy with `speculative = False` runs plain decoding:
 n = 1, no draft. The first `fit_tokens` tokens of the trace are the fit split (policies' `fit`),
 the rest is replayed.
@@ -16,8 +20,10 @@ w_l its bytes, q_l = 2 w_l / (bytes per parameter) its FLOPs per token:
     CPU           g_l(c) = phi_cpu + w_l / B_cpu + c q_l / F_cpu
     copy          x_l    = lambda_link + w_l / B_link      (one copy engine, copies in sequence)
     hidden states z      = 2 (lambda_link + n d 2 / B_link) per layer with CPU experts (d: hidden)
-    dense         d_l    = D_l / B_acc    (attention, router, shared experts: D_l bytes per layer)
-    draft         h(k)   = k D_draft / B_acc   (the draft model on the accelerator)
+    dense         d_l    = phi_layer + D_l / B_acc   (attention, router, shared experts: D_l bytes
+                                                per layer; phi_layer: launches, synchronisation)
+    draft         h(k)   = k (phi_draft + D_draft / B_acc)   (the draft model on the accelerator)
+    step          phi_step after the last layer (LM head, sampling)
 
 A step starting at t0 drafts on the accelerator until t0 + h(k); layer l of the pass starts at
 t_l (t_0 = t0 + h(k)) and its router output is known at r_l = t_l + d_l, when the policy plans.
@@ -27,24 +33,27 @@ draft and earlier layers; a copy holds its cache bytes from its start). Then, in
 
     accelerator  G_l = r_l + sum of a_l over experts arrived by r_l, then for each awaited
                  expert in order of arrival: G_l = max(G_l, arrival) + a_l(c)
-    CPU          C_l = r_l + z + sum of g_l over the CPU experts
+    CPU          C_l = r_l + z + sum of g_l over the CPU experts, stretched by contention
     layer end    t_{l+1} = max(G_l, C_l)
 
-The step ends at t_L; tokens/s = emitted tokens / total time. The CPU and accelerator memory
-buses are assumed independent, and the link's other direction (hidden states) free.
+Host-memory contention (profile's B_host > 0): the CPU's expert reads and the copy engine share
+host memory. While the link copies, the CPU reads weights at min(B_cpu, B_host - B_link): the
+weight-reading part M of C_l, with a share rho of [r_l, r_l + C_l] overlapped by copies, takes
+M (1 - rho) + M rho B_cpu / min(B_cpu, B_host - B_link). Copies keep their pace (the DMA engine
+is not throttled), an assumption. The step ends at t_L + phi_step; tokens/s = emitted tokens
+/ total time. The accelerator's memory is its own, and the link's other direction (hidden
+states) free.
 """
 
+from collections import deque
 from dataclasses import dataclass, field
 
 import numpy as np
 
-from moespec.offload.hardware import HardwareProfile
-from moespec.offload.metrics import AccuracyMeter, SmapeMeter
-from moespec.offload.policy import CacheBudgetError, ExpertCache, LayerTiming
-
-
-class PlanError(RuntimeError):
-    """A policy's layer plan does not compute every needed expert exactly once."""
+from moespec.offload.driver import LayerDriver, OffloadStats, expert_cache_budget
+from moespec.offload.policies.base import ExpertCache, LayerTiming
+from moespec.offload.sim.hardware import HardwareProfile
+from moespec.offload.sim.metrics import AccuracyMeter, SmapeMeter
 
 
 @dataclass
@@ -59,6 +68,7 @@ class SimulationSettings:
     dense_bytes_per_layer: float = 0.0  # D_l
     hidden_size: int = 0  # d; 0: hidden-state round trips cost the link latency only
     bytes_per_parameter: float = 2.0  # bf16
+    rejected_routing: str = "popularity"  # or "continuation"; "trace" when given an array
     record: bool = False  # keep a per-layer log (for checks; slow and large on long runs)
 
     def __post_init__(self):
@@ -70,6 +80,11 @@ class SimulationSettings:
             raise ValueError(f"acceptance must be in [0, 1), got {self.acceptance}")
         if self.tokens < 1:
             raise ValueError(f"tokens must be >= 1, got {self.tokens}")
+        if self.rejected_routing not in ("popularity", "continuation", "trace"):
+            raise ValueError(
+                "rejected routing must be popularity, continuation or trace, "
+                f"got {self.rejected_routing!r}"
+            )
 
 
 @dataclass
@@ -78,13 +93,7 @@ class SimulationResult:
     tokens: int
     steps: int
     seconds: float
-    hits: int
-    needed: int
-    bytes_moved: int
-    copies: int
-    fetches: int
-    cpu_experts: int
-    fallback_cpu: int
+    stats: OffloadStats  # the layer driver's counts (the engine reports the same)
     preload_bytes: int
     peak_cache_bytes: int
     budget_bytes: int
@@ -93,6 +102,14 @@ class SimulationResult:
     previous_pass_accuracy: float | None  # the forecast "hot = active in the previous pass"
     policy_stats: dict = field(default_factory=dict)
     log: dict | None = None
+    pass_seconds: float = 0.0  # the passes' MoE layers (router output to layer end, and dense)
+    draft_seconds: float = 0.0
+    num_layers: int = 1
+
+    @property
+    def layer_ms(self) -> float:
+        """Mean time of one decoder layer of a pass (the paper's "layer profile", App. G)."""
+        return 1e3 * self.pass_seconds / max(self.steps * self.num_layers, 1)
 
     @property
     def tokens_per_second(self) -> float:
@@ -104,7 +121,7 @@ class SimulationResult:
 
     @property
     def hit_rate(self) -> float:
-        return self.hits / self.needed if self.needed else 0.0
+        return self.stats.hit_rate
 
     def to_dict(self) -> dict:
         return {
@@ -112,18 +129,16 @@ class SimulationResult:
             "tokens_per_second": self.tokens_per_second,
             "latency_per_token_ms": self.latency_per_token * 1e3,
             "hit_rate": self.hit_rate,
-            "bytes_moved": self.bytes_moved,
             "hot_cold_accuracy": self.accuracy,
             "previous_pass_hot_cold_accuracy": self.previous_pass_accuracy,
             "frequency_smape": self.smape,
             "tokens": self.tokens,
             "steps": self.steps,
             "seconds": self.seconds,
-            "copies": self.copies,
-            "on_demand_fetches": self.fetches,
-            "cpu_experts": self.cpu_experts,
-            "cpu_fallbacks": self.fallback_cpu,
-            "needed_experts": self.needed,
+            "layer_ms": self.layer_ms,
+            "draft_seconds": self.draft_seconds,
+            **self.stats.to_dict(),
+            "needed_experts": self.stats.needed,
             "preload_bytes": self.preload_bytes,
             "peak_cache_bytes": self.peak_cache_bytes,
             "budget_bytes": self.budget_bytes,
@@ -143,11 +158,17 @@ class _Costs:
         self.cpu_expert = p.cpu_expert_time + w / p.cpu_bandwidth
         self.cpu_slot = q / p.cpu_flops
         self.copy = p.link_latency + w / p.link_bandwidth
-        self.dense = s.dense_bytes_per_layer / p.accelerator_bandwidth
+        self.dense = p.layer_time + s.dense_bytes_per_layer / p.accelerator_bandwidth
+        self.step = p.step_time
+        self.cpu_read = w / p.cpu_bandwidth  # the weight-reading part of g_l
+        self.cpu_slowdown = 1.0
+        if p.host_memory_bandwidth > 0:
+            left = max(p.host_memory_bandwidth - p.link_bandwidth, 1e-3 * p.cpu_bandwidth)
+            self.cpu_slowdown = p.cpu_bandwidth / min(p.cpu_bandwidth, left)
         self.link_latency, self.link_bandwidth = p.link_latency, p.link_bandwidth
         self.hidden_bytes_per_token = 2 * s.hidden_size
         draft_bytes = s.draft_bytes_ratio * trace.num_experts * w.sum()
-        self.draft_token = draft_bytes / p.accelerator_bandwidth
+        self.draft_token = p.draft_token_time + draft_bytes / p.accelerator_bandwidth
 
     def hidden_round_trip(self, n_tokens: int) -> float:
         return 2 * (
@@ -156,59 +177,57 @@ class _Costs:
 
 
 class _Link:
-    """One copy engine: copies run in sequence; fetches go first, then the prefetch queue."""
+    """The driver's back end: one copy engine, copies in sequence on the virtual clock;
+    on-demand fetches go first, then the prefetch queue whenever the link is free."""
 
-    def __init__(self, cache: ExpertCache, policy, costs: _Costs, log):
-        self.cache, self.policy, self.costs, self.log = cache, policy, costs, log
-        self.free_at = 0.0
-        self.bytes_moved = self.copies = 0
+    def __init__(self, costs: _Costs, log):
+        self.costs, self.log = costs, log
+        self.driver: LayerDriver | None = None
+        self.free_at = self._start = 0.0
         self.layer_copy_seconds = 0.0
         self.layer_copies = 0
+        self.busy = deque(maxlen=256)  # (start, end) of the latest copies, in start order
 
+    # Back-end hooks (called by the driver from `admit`).
+    def arrival(self, layer: int, now: float) -> float:
+        return now + self.costs.copy[layer]
+
+    def copy_started(self, layer: int, expert: int, kind: str) -> None:
+        seconds = self.costs.copy[layer]
+        self.free_at = self._start + seconds
+        self.busy.append((self._start, self.free_at))
+        self.layer_copy_seconds += seconds
+        self.layer_copies += 1
+        if self.log is not None:
+            nbytes = int(self.driver.cache.expert_bytes[layer])
+            self.log["events"].append(("copy", self._start, layer, expert, nbytes, kind))
+
+    def evicted(self, layer: int, expert: int) -> None:
+        if self.log is not None:
+            self.log["events"].append(("evict", self._start, layer, expert))
+
+    def busy_within(self, start: float, end: float) -> float:
+        """Seconds of [start, end] the link spends copying."""
+        total = 0.0
+        for a, b in reversed(self.busy):
+            if b <= start:  # copies run in sequence: every older one ended earlier
+                break
+            total += max(0.0, min(b, end) - max(a, start))
+        return total
+
+    # The clock.
     def advance(self, now: float) -> None:
         """Start queued prefetches while the link is free before `now`."""
         while self.free_at < now:
-            item = self.policy.next_prefetch()
-            if item is None:
+            self._start = self.free_at
+            if self.driver.pull(self.free_at) is None:
                 self.free_at = now  # idle until now: later requests cannot start earlier
                 return
-            self.copy(*item, earliest=self.free_at, kind="prefetch")
 
-    def copy(self, layer: int, expert: int, *, earliest: float, kind: str) -> float | None:
-        """Copy one expert; its arrival time, or None when the policy frees no room."""
-        cache, start = self.cache, max(self.free_at, earliest)
-        while not cache.fits(layer):
-            victim = self.policy.choose_victim(layer, expert, start)
-            if victim is None:
-                return None
-            cache.evict(*victim, now=start)
-            if self.log is not None:
-                self.log["events"].append(("evict", start, *victim))
-        arrival = start + self.costs.copy[layer]
-        cache.insert(layer, expert, ready_at=arrival)
-        self.policy.admitted(layer, expert)
-        self.free_at = arrival
-        nbytes = int(cache.expert_bytes[layer])
-        self.bytes_moved += nbytes
-        self.copies += 1
-        self.layer_copy_seconds += arrival - start
-        self.layer_copies += 1
-        if self.log is not None:
-            self.log["events"].append(("copy", start, layer, expert, nbytes, kind))
-        return arrival
-
-
-def _check_plan(plan, experts, cache, layer, now) -> None:
-    together = np.concatenate([plan.accelerator, plan.cpu])
-    if len(together) != len(experts) or not np.array_equal(np.sort(together), experts):
-        raise PlanError(f"layer {layer}: the plan does not compute every needed expert once")
-    if len(plan.fetch) and (
-        cache.present[layer, plan.fetch].any() or not np.isin(plan.fetch, plan.accelerator).all()
-    ):
-        raise PlanError(f"layer {layer}: fetches must be absent experts planned on the accelerator")
-    stay = np.setdiff1d(plan.accelerator, plan.fetch)
-    if not cache.present[layer, stay].all():
-        raise PlanError(f"layer {layer}: an absent expert is planned on the accelerator unfetched")
+    def fetch(self, layer: int, expert: int, now: float) -> bool:
+        """An on-demand copy, starting once the link is free; False when no room is made."""
+        self._start = max(self.free_at, now)
+        return self.driver.admit(layer, expert, "fetch", self._start)
 
 
 def _step_counts(window: np.ndarray, num_experts: int) -> np.ndarray:
@@ -218,28 +237,43 @@ def _step_counts(window: np.ndarray, num_experts: int) -> np.ndarray:
     return np.bincount(flat.ravel(), minlength=layers * num_experts).reshape(layers, num_experts)
 
 
-def simulate(trace, policy, profile: HardwareProfile, settings: SimulationSettings):
-    """Replay `trace` through `policy` on `profile`; return a SimulationResult."""
-    run = _Run(trace, policy, profile, settings)
+def simulate(trace, policy, profile: HardwareProfile, settings: SimulationSettings, rejected=None):
+    """Replay `trace` through `policy` on `profile`; return a SimulationResult.
+
+    rejected: [T, L, m] the target's routing of a real draft's proposal at each position of
+    `trace` (routes rejected drafts; settings.rejected_routing becomes "trace")."""
+    if rejected is not None:
+        rejected = np.asarray(rejected, dtype=np.int64)
+        if rejected.shape != np.shape(trace.expert_ids):
+            raise ValueError(
+                f"rejected routing has shape {rejected.shape}, "
+                f"the trace {np.shape(trace.expert_ids)}"
+            )
+    elif settings.rejected_routing == "trace":
+        raise ValueError("rejected routing 'trace' needs the draft's routing array")
+    run = _Run(trace, policy, profile, settings, rejected)
     while run.emitted < settings.tokens and run.next_pass():
         pass
     return run.result()
 
 
 class _Run:
-    def __init__(self, trace, policy, profile, s: SimulationSettings):
+    def __init__(self, trace, policy, profile, s: SimulationSettings, rejected=None):
         if not 0 <= s.fit_tokens < trace.num_tokens:
             raise ValueError(f"fit_tokens must leave tokens to replay (trace: {trace.num_tokens})")
         self.trace, self.policy, self.s = trace, policy, s
         self.costs = _Costs(trace, profile, s)
         total = trace.num_experts * int(np.sum(trace.expert_bytes))
-        self.cache = ExpertCache(trace.expert_bytes, trace.num_experts, int(s.cache_ratio * total))
+        budget = expert_cache_budget(
+            total, int(max(trace.expert_bytes)), ratio=s.cache_ratio, least_experts=0
+        )
+        self.cache = ExpertCache(trace.expert_bytes, trace.num_experts, budget)
         # The log (record=True): per-layer plans, and copies and evictions in the order done.
         self.log = {"layers": [], "events": []} if s.record else None
-        self.link = _Link(self.cache, policy, self.costs, self.log)
+        self.link = _Link(self.costs, self.log)
+        self.driver = self.link.driver = LayerDriver(self.cache, policy, self.link)
         self.k = s.draft_length if policy.speculative else 0
-        policy.reset(self.cache, draft_length=self.k, top_k=trace.top_k)
-        self.preload_bytes = self.cache.used_bytes
+        self.driver.start(draft_length=self.k, top_k=trace.top_k)
         self.rng = np.random.default_rng(s.seed)
         self.accuracy = AccuracyMeter(trace.num_layers)
         # What a forecast must beat: "hot = active in the previous pass", on the same passes.
@@ -247,7 +281,12 @@ class _Run:
         self.active = np.zeros((trace.num_layers, trace.num_experts), dtype=bool)  # [L, N]
         self.smape = SmapeMeter()
         self.pos, self.time, self.emitted, self.steps = s.fit_tokens, 0.0, 0, 0
-        self.hits = self.needed = self.fetches = self.cpu_experts = self.fallback = 0
+        self.rejected = rejected
+        self.pass_seconds = self.draft_seconds = 0.0  # the verification passes' layers, drafts
+        self.popularity = None
+        if rejected is None and s.rejected_routing == "popularity":
+            self.popularity = _popularity(trace, s.fit_tokens)
+            self.reject_rng = np.random.default_rng([s.seed, 1])
 
     def _doc_end(self) -> int:
         starts = self.trace.doc_starts
@@ -260,9 +299,7 @@ class _Run:
         drafts = self.rng.random(self.k) < self.s.acceptance  # drawn whatever n is: same steps
         accepted = int(np.argmin(drafts)) if not drafts.all() else self.k
         emitted = min(accepted + 1, n, self.s.tokens - self.emitted)
-        counts = _step_counts(
-            self.trace.expert_ids[self.pos : self.pos + n], self.trace.num_experts
-        )
+        counts = _step_counts(self._window(n, accepted), self.trace.num_experts)
         self.smape.update(counts)
         self.policy.begin_step(n)
         draft = (n - 1) * self.costs.draft_token
@@ -270,14 +307,40 @@ class _Run:
         t = self.time + draft
         for layer in range(self.trace.num_layers):
             t = self._layer(layer, counts[layer], n, t)
+        self.pass_seconds += t - self.time - draft
+        self.draft_seconds += draft
+        t += self.costs.step
         self.policy.end_step(emitted - 1)
         self.time, self.pos = t, self.pos + emitted
         self.emitted += emitted
         self.steps += 1
         return True
 
+    def _window(self, n: int, accepted: int) -> np.ndarray:
+        """Routing [n, L, m] of the pass: the trace up to the first rejected draft, then the
+        rejected drafts' routing (see the module docstring)."""
+        window = self.trace.expert_ids[self.pos : self.pos + n]
+        first_rejected = accepted + 1  # pass token 0 is the last emitted token
+        if first_rejected >= n or (self.rejected is None and self.popularity is None):
+            return window
+        window = np.array(window, dtype=np.int64)
+        if self.rejected is not None:
+            window[first_rejected:] = self.rejected[self.pos + first_rejected : self.pos + n]
+        elif self.popularity is not None:
+            window[first_rejected:] = self._draw(n - first_rejected, window.shape[2])
+        return window
+
+    def _draw(self, tokens: int, top_k: int) -> np.ndarray:
+        """[tokens, L, m] slots from each layer's fit-split frequencies, distinct per token."""
+        rng, p = self.reject_rng, self.popularity  # p: [L, N]
+        out = np.empty((tokens, p.shape[0], top_k), dtype=np.int64)
+        for layer in range(p.shape[0]):
+            for t in range(tokens):
+                out[t, layer] = rng.choice(p.shape[1], top_k, replace=False, p=p[layer])
+        return out
+
     def _layer(self, layer: int, row: np.ndarray, n: int, start: float) -> float:
-        cache, policy, costs, link = self.cache, self.policy, self.costs, self.link
+        policy, costs, link = self.policy, self.costs, self.link
         experts = np.flatnonzero(row)
         counts = row[experts]
         now = start + costs.dense
@@ -288,12 +351,8 @@ class _Run:
             self.accuracy.update(layer, hot, row)
         self.previous_pass.update(layer, self.active[layer], row)
         self.active[layer] = row > 0
-        self.hits += int(cache.ready(layer, experts, now).sum())
-        self.needed += len(experts)
-        plan = policy.plan_layer(layer, experts, counts, now)
-        _check_plan(plan, experts, cache, layer, now)
-        accelerator, cpu = self._fetch(layer, plan, now)
-        cache.pinned[layer, accelerator] = True
+        placed = self.driver.plan(layer, experts, counts, now, link.fetch)
+        accelerator, cpu = placed.accelerator, placed.cpu
         acc_busy, acc_end = self._accelerator_time(layer, accelerator, row, now)
         cpu_busy = 0.0
         if len(cpu):
@@ -302,10 +361,12 @@ class _Run:
                 + row[cpu].sum() * costs.cpu_slot[layer]
                 + costs.hidden_round_trip(n)
             )
+            if costs.cpu_slowdown > 1.0:
+                link.advance(now + cpu_busy)  # the copies that share host memory with it
+                overlap = min(link.busy_within(now, now + cpu_busy) / cpu_busy, 1.0)
+                cpu_busy += len(cpu) * costs.cpu_read[layer] * overlap * (costs.cpu_slowdown - 1)
         end = max(acc_end, now + cpu_busy)
         link.advance(end)  # copies that start while the layer computes
-        cache.pinned[layer, accelerator] = False
-        self.cpu_experts += len(cpu)
         if self.log is not None:
             self.log["layers"].append(
                 dict(
@@ -316,41 +377,22 @@ class _Run:
                     needed=experts,
                     accelerator=accelerator,
                     cpu=cpu,
-                    fetch=plan.fetch,
+                    fetch=placed.fetch,
                 )
             )
-        policy.end_layer(layer, experts, counts)
-        policy.observe_layer(
-            LayerTiming(
-                layer,
-                end - now,
-                cpu_busy,
-                int(row[cpu].sum()),
-                len(cpu),
-                acc_busy,
-                len(accelerator),
-                link.layer_copy_seconds,
-                link.layer_copies,
-            )
+        timing = LayerTiming(
+            layer,
+            end - now,
+            cpu_busy,
+            int(row[cpu].sum()),
+            len(cpu),
+            acc_busy,
+            len(accelerator),
+            link.layer_copy_seconds,
+            link.layer_copies,
         )
+        self.driver.finish(layer, experts, counts, placed, timing)
         return end
-
-    def _fetch(self, layer, plan, now):
-        """Issue the plan's on-demand copies; an expert with no room runs on the CPU."""
-        accelerator, cpu = plan.accelerator, plan.cpu
-        self.cache.pinned[layer, np.setdiff1d(accelerator, plan.fetch)] = True
-        failed = []
-        for e in plan.fetch:
-            self.cache.pinned[layer, e] = True
-            if self.link.copy(layer, int(e), earliest=now, kind="fetch") is None:
-                self.cache.pinned[layer, e] = False
-                failed.append(int(e))
-        self.fetches += len(plan.fetch) - len(failed)
-        if failed:
-            self.fallback += len(failed)
-            accelerator = np.setdiff1d(accelerator, failed)
-            cpu = np.concatenate([cpu, failed]).astype(np.int64)
-        return accelerator, cpu
 
     def _accelerator_time(self, layer, accelerator, row, now) -> tuple[float, float]:
         costs = self.costs
@@ -364,21 +406,14 @@ class _Run:
         return float(per_expert.sum()), float(end)
 
     def result(self) -> "SimulationResult":
-        if self.cache.peak_bytes > self.cache.budget_bytes:  # insert() forbids it; belt and braces
-            raise CacheBudgetError("the cache exceeded its budget")
+        self.driver.check_budget()
         return SimulationResult(
             policy=self.policy.name,
             tokens=self.emitted,
             steps=self.steps,
             seconds=self.time,
-            hits=self.hits,
-            needed=self.needed,
-            bytes_moved=self.link.bytes_moved,
-            copies=self.link.copies,
-            fetches=self.fetches,
-            cpu_experts=self.cpu_experts,
-            fallback_cpu=self.fallback,
-            preload_bytes=self.preload_bytes,
+            stats=self.driver.stats,
+            preload_bytes=self.driver.preload_bytes,
             peak_cache_bytes=self.cache.peak_bytes,
             budget_bytes=self.cache.budget_bytes,
             accuracy=self.accuracy.value(),
@@ -386,4 +421,15 @@ class _Run:
             previous_pass_accuracy=self.previous_pass.value(),
             policy_stats=self.policy.stats(),
             log=self.log,
+            pass_seconds=self.pass_seconds,
+            draft_seconds=self.draft_seconds,
+            num_layers=self.trace.num_layers,
         )
+
+
+def _popularity(trace, fit_tokens: int) -> np.ndarray:
+    """[L, N] expert frequencies of the fit split (the whole trace without one), each expert
+    given one pseudo-count so that m distinct draws always exist."""
+    ids = trace.expert_ids[:fit_tokens] if fit_tokens else trace.expert_ids
+    counts = _step_counts(np.asarray(ids), trace.num_experts) + 1.0
+    return counts / counts.sum(axis=1, keepdims=True)

@@ -8,7 +8,7 @@ simulation (for a progress bar); every simulation replays the same workload with
 from dataclasses import replace
 
 from moespec.offload import ABLATIONS, make_policy
-from moespec.offload.simulator import SimulationSettings, simulate
+from moespec.offload.sim.simulator import SimulationSettings, simulate
 
 # Seed 003 Appendix A.1 reports these acceptances: CNN/DM, MT-Bench, GSM8K, HumanEval.
 PAPER_ACCEPTANCES = {"cnn-dm": 0.56, "mt-bench": 0.68, "gsm8k": 0.83, "humaneval": 0.85}

@@ -1,10 +1,13 @@
 """Hardware profiles for the offload simulator: the link, the accelerator and the CPU, in numbers.
 
-A profile is what the timing model of `moespec.offload.simulator` needs and nothing else:
+A profile is what the timing model of `moespec.offload.sim.simulator` needs and nothing else:
 
     link_bandwidth, link_latency          host -> accelerator copies of expert weights
     accelerator_bandwidth, _flops, _expert_time, accelerator_memory
     cpu_bandwidth, cpu_flops, cpu_expert_time, cpu_threads
+    host_memory_bandwidth                 what CPU expert reads and copies share (0: unshared)
+    layer_time, step_time, draft_token_time   fixed costs per layer of a pass, per step, per
+                                          drafted token (launches, synchronisation, LM head)
 
 Bandwidths are *effective* figures (what a copy or an expert kernel reaches), not datasheet
 peaks; each preset says which nominal figure it starts from and why it is lowered. They are
@@ -17,7 +20,7 @@ machine it runs on; `load_profile(path)` reads any profile from JSON (a calibrat
 import json
 import os
 import time
-from dataclasses import asdict, dataclass, fields
+from dataclasses import MISSING, asdict, dataclass, fields
 from pathlib import Path
 
 GB = 1e9
@@ -37,11 +40,16 @@ class HardwareProfile:
     cpu_expert_time: float  # s of fixed time per expert computed on the CPU (dispatch, sync)
     cpu_threads: int  # threads the CPU figures were taken at (provenance; figures are totals)
     note: str = ""
+    host_memory_bandwidth: float = 0.0  # bytes/s host memory serves CPU reads + copies (0: inf)
+    layer_time: float = 0.0  # s fixed per MoE layer of a pass (attention, router, sync, launches)
+    step_time: float = 0.0  # s fixed per step (LM head, sampling, host synchronisation)
+    draft_token_time: float = 0.0  # s per drafted token beyond reading the draft's bytes
+    sources: tuple = ()  # (field, where its number comes from) pairs
 
     def __post_init__(self):
         for f in fields(self):
             value = getattr(self, f.name)
-            if f.name in ("name", "note"):
+            if f.name in ("name", "note", "sources"):
                 continue
             if not isinstance(value, int | float) or value < 0:
                 raise ValueError(f"profile {self.name!r}: {f.name} must be a number >= 0")
@@ -61,41 +69,112 @@ class HardwareProfile:
 PCIE4_EFFECTIVE = 25 * GB
 PCIE_COPY_LATENCY = 10e-6
 
+_PCIE = (
+    ("link_bandwidth", "PCIe 4.0 x16: 31.5 GB/s after coding; pinned H2D copies reach ~25 GB/s"),
+    ("link_latency", "cudaMemcpyAsync set-up and event, ~10 us per copy"),
+)
+_RTX4090 = (
+    ("accelerator_bandwidth", "RTX 4090 GDDR6X 1008 GB/s nominal; grouped expert GEMVs ~80%"),
+    ("accelerator_flops", "RTX 4090 dense bf16 tensor cores 165 TFLOP/s nominal, ~90%"),
+    ("accelerator_expert_time", "one kernel launch / tile set-up per expert, ~5 us"),
+    (
+        "layer_time",
+        "attention + router + norm kernels of a decoder layer, ~12 launches at ~5 us"
+        " each, and the ggml graph split's CPU-GPU synchronisation at a layer with CPU work",
+    ),
+    ("step_time", "LM head (151936 x 2048 f16 = 0.62 GB at 800 GB/s = 0.8 ms) and sampling"),
+    ("draft_token_time", "the draft's own launches: 36 layers x ~12 kernels at ~5 us"),
+)
+_AMX_HOST = (
+    (
+        "cpu_bandwidth",
+        "Xeon (Sapphire Rapids class) 8-channel DDR5-4800: 307 GB/s nominal,"
+        " ~200 GB/s in multi-threaded streaming reads",
+    ),
+    ("cpu_flops", "AMX bf16 tiles, ~20 TFLOP/s reached by small GEMMs on 32 cores"),
+    ("cpu_expert_time", "thread-pool dispatch and join per expert, ~10 us"),
+    (
+        "host_memory_bandwidth",
+        "the same DDR5 channels serve the CPU and the copy engine:"
+        " ~230 GB/s in all (75% of nominal)",
+    ),
+)
+_AVX2_HOST = (
+    ("cpu_bandwidth", "desktop dual-channel DDR5-5600: 89.6 GB/s nominal, ~60 GB/s reached"),
+    ("cpu_flops", "AVX2 bf16->fp32 FMA on 16 cores, ~0.8 TFLOP/s"),
+    ("cpu_expert_time", "thread-pool dispatch and join per expert, ~20 us"),
+    ("host_memory_bandwidth", "the same two channels serve CPU and copies: ~70 GB/s in all"),
+)
+
 PROFILES: dict[str, HardwareProfile] = {
     p.name: p
     for p in [
         HardwareProfile(
+            # seed 003's setting: an RTX 4090 on PCIe 4.0, an AMX host (App. H.2).
             name="rtx4090-pcie4",
             link_bandwidth=PCIE4_EFFECTIVE,
             link_latency=PCIE_COPY_LATENCY,
-            # 1008 GB/s GDDR6X nominal; small grouped expert GEMVs reach about 80% of it.
             accelerator_bandwidth=800 * GB,
-            accelerator_flops=150e12,  # bf16 tensor cores, dense (165 TFLOP/s nominal)
-            accelerator_expert_time=5e-6,  # a kernel launch / tile set-up per expert
+            accelerator_flops=150e12,
+            accelerator_expert_time=5e-6,
             accelerator_memory=24 * GB,
-            # A desktop host: dual-channel DDR5-5600 is 89.6 GB/s nominal; multi-threaded
-            # streaming reads reach about 60 GB/s. AVX2 bf16->fp32 FMA: ~0.8 TFLOP/s on 16 cores.
+            cpu_bandwidth=200 * GB,
+            cpu_flops=20e12,
+            cpu_expert_time=10e-6,
+            cpu_threads=32,
+            host_memory_bandwidth=230 * GB,
+            layer_time=0.3e-3,
+            step_time=1.0e-3,
+            draft_token_time=2.0e-3,
+            note="RTX 4090 24 GB on PCIe 4.0 x16 (25 of 32 GB/s), AMX-class server host",
+            sources=_PCIE + _RTX4090 + _AMX_HOST,
+        ),
+        HardwareProfile(
+            name="rtx4090-avx2",
+            link_bandwidth=PCIE4_EFFECTIVE,
+            link_latency=PCIE_COPY_LATENCY,
+            accelerator_bandwidth=800 * GB,
+            accelerator_flops=150e12,
+            accelerator_expert_time=5e-6,
+            accelerator_memory=24 * GB,
             cpu_bandwidth=60 * GB,
             cpu_flops=0.8e12,
-            cpu_expert_time=20e-6,  # thread-pool dispatch and join per expert
+            cpu_expert_time=20e-6,
             cpu_threads=16,
-            note="RTX 4090 24 GB on PCIe 4.0 x16 (25 of 32 GB/s), desktop DDR5 host",
+            host_memory_bandwidth=70 * GB,
+            layer_time=0.3e-3,
+            step_time=1.0e-3,
+            draft_token_time=2.0e-3,
+            note="RTX 4090 24 GB on PCIe 4.0 x16 (25 of 32 GB/s), AVX2 desktop DDR5 host",
+            sources=_PCIE + _RTX4090 + _AVX2_HOST,
         ),
         HardwareProfile(
             name="a100-pcie4",
             link_bandwidth=PCIE4_EFFECTIVE,
             link_latency=PCIE_COPY_LATENCY,
-            # A100-80GB HBM2e is 1935-2039 GB/s nominal; ~80% for grouped expert GEMVs.
             accelerator_bandwidth=1600 * GB,
-            accelerator_flops=250e12,  # bf16 dense, 312 TFLOP/s nominal
+            accelerator_flops=250e12,
             accelerator_expert_time=5e-6,
             accelerator_memory=80 * GB,
-            # A server host socket: 8-channel DDR4-3200 is 204.8 GB/s nominal; ~120 GB/s reached.
             cpu_bandwidth=120 * GB,
             cpu_flops=1.5e12,
             cpu_expert_time=20e-6,
             cpu_threads=32,
+            host_memory_bandwidth=150 * GB,
+            layer_time=0.3e-3,
+            step_time=1.0e-3,
+            draft_token_time=2.0e-3,
             note="A100-80GB on PCIe 4.0 x16 (25 of 32 GB/s), 8-channel DDR4 server socket",
+            sources=_PCIE
+            + (
+                ("accelerator_bandwidth", "A100-80GB HBM2e 1935-2039 GB/s nominal, ~80%"),
+                ("accelerator_flops", "bf16 dense 312 TFLOP/s nominal, ~80%"),
+                ("cpu_bandwidth", "8-channel DDR4-3200: 204.8 GB/s nominal, ~120 GB/s reached"),
+                ("cpu_flops", "AVX-512 bf16 on 32 cores, ~1.5 TFLOP/s"),
+                ("host_memory_bandwidth", "the same channels for CPU and copies: ~150 GB/s"),
+                ("layer_time", "as the RTX 4090 profile (launch-bound)"),
+                ("step_time", "as the RTX 4090 profile"),
+            ),
         ),
     ]
 }
@@ -126,7 +205,8 @@ def load_profile(path) -> HardwareProfile:
     except json.JSONDecodeError as error:
         raise ValueError(f"{path}: not JSON ({error.msg} at line {error.lineno})") from None
     names = {f.name for f in fields(HardwareProfile)}
-    missing = sorted(names - set(data) - {"note"})
+    optional = {f.name for f in fields(HardwareProfile) if f.default is not MISSING}
+    missing = sorted(names - set(data) - optional)
     if missing:
         raise ValueError(f"{path}: profile lacks {', '.join(missing)}")
     return HardwareProfile(**{k: v for k, v in data.items() if k in names})

@@ -13,8 +13,7 @@ and is tested everywhere. `CudaBackend`: the store pinned, copies on a copy stre
 event per copy (a kernel waits for it on the device, not on the host) and per slot use (a
 copy into a reused slot waits for the last kernel that read the slot).
 
-The budget: `expert_cache_budget` turns a ratio of all expert bytes W (or a byte count) into
-bytes, refusing one below a single expert w; a budget of W or more needs no offloading.
+The budget rule is the layer driver's (`moespec.offload.driver.expert_cache_budget`).
 """
 
 import threading
@@ -169,32 +168,6 @@ def make_backend(device):
     raise ValueError(f"unknown offload device {device!r} (choose cpu, cuda, cuda:N or auto)")
 
 
-def expert_cache_budget(
-    total_bytes: int, bytes_per_expert: int, *, ratio: float | None = None, nbytes=None
-) -> int:
-    """The expert cache budget in bytes: `ratio` of all expert bytes W, or `nbytes`.
-
-    A budget below one expert is an error; one of W or more needs no offloading (the caller
-    runs in memory: see `fits_in_memory`).
-    """
-    if (ratio is None) == (nbytes is None):
-        raise ValueError("give the expert cache as a ratio or as bytes, not both or neither")
-    if ratio is not None:
-        if not ratio > 0:
-            raise ValueError(f"expert cache ratio must be > 0, got {ratio}")
-        budget, what = int(ratio * total_bytes), f"expert cache ratio {ratio:g}"
-    else:
-        if int(nbytes) < 0:
-            raise ValueError(f"expert cache bytes must be >= 0, got {nbytes}")
-        budget, what = int(nbytes), "expert cache"
-    if budget < bytes_per_expert:
-        raise ValueError(
-            f"{what} of {budget} bytes holds no expert: one expert is {bytes_per_expert} bytes "
-            f"(the least budget; ratio {bytes_per_expert / total_bytes:.3g} of all expert bytes)"
-        )
-    return budget
-
-
 def model_expert_bytes(model) -> tuple[int, int]:
     """(W, w): the bytes of all experts of a Transformer's MoE layers, and of one expert."""
     experts = [block.experts for block in model.moe_blocks.values()]
@@ -202,11 +175,6 @@ def model_expert_bytes(model) -> tuple[int, int]:
         raise ValueError(f"{model.config.name}: the model has no MoE layer to offload")
     total = sum(e.num_experts * e.bytes_per_expert for e in experts)
     return total, experts[0].bytes_per_expert
-
-
-def fits_in_memory(budget_bytes: int, total_bytes: int) -> bool:
-    """A budget holding every expert: run in memory, nothing to offload."""
-    return budget_bytes >= total_bytes
 
 
 class ExpertStore:

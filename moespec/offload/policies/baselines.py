@@ -21,7 +21,7 @@ from collections import OrderedDict, deque
 
 import numpy as np
 
-from moespec.offload.policy import EMPTY, LayerPlan, OffloadPolicy
+from moespec.offload.policies.base import EMPTY, LayerPlan, OffloadPolicy
 
 
 class LRUPolicy(OffloadPolicy):

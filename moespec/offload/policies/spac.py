@@ -19,18 +19,21 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from moespec.offload.balancer import WorkloadBalancer
-from moespec.offload.estimator import UtilityEstimator
-from moespec.offload.policy import EMPTY, LayerPlan, OffloadPolicy
-from moespec.offload.queues import EvictionPool, PrefetchQueue
+from moespec.offload.policies.balancer import WorkloadBalancer, link_fetches
+from moespec.offload.policies.base import EMPTY, LayerPlan, OffloadPolicy
+from moespec.offload.policies.estimator import READINGS, UtilityEstimator
+from moespec.offload.policies.queues import EvictionPool, PrefetchQueue
 
 
 @dataclass(frozen=True)
 class SpAcConfig:
     max_utility: int | None = None  # K; None: ceil(log2(gamma + 1))
     forgetting: float = 0.1  # lambda
-    adaptive_bounds: bool = True  # False: theta_up = 3, theta_down = 1
-    reference: str = "level"  # what Delta compares f with (see estimator)
+    # The estimator reading (estimator.READINGS "count-unit"): Delta = f - u as the authors'
+    # release, fixed boundaries (1, 1). adaptive_bounds=True: the paper's calibrated ones.
+    adaptive_bounds: bool = False
+    fixed_bounds: tuple[float, float] = (1.0, 1.0)
+    reference: str = "count"  # what Delta compares f with: count, level, previous (estimator)
     balancer: bool = True  # False: tau = static_tau at every layer and step
     static_tau: int = 2  # also the tau of the warm-up
     prefetch: bool = True  # False: static placement from the fit split, no copies
@@ -38,18 +41,39 @@ class SpAcConfig:
     speculative: bool = True  # False: plain decoding, utility over a window of tokens
     window_tokens: int = 10  # the window without speculation
     warmup_steps: int = 8  # steps before the balancer starts (it learns from the first step)
+    link_fetch: bool = False  # beyond the paper: misses copied on demand when that is sooner
 
 
 ABLATIONS: dict[str, SpAcConfig] = {
     "spac": SpAcConfig(),
     "spac-no-estimator": SpAcConfig(max_utility=1),
-    "spac-fixed-bounds": SpAcConfig(adaptive_bounds=False),
+    "spac-fixed-bounds": SpAcConfig(adaptive_bounds=False, fixed_bounds=(3.0, 1.0)),
     "spac-static-tau": SpAcConfig(balancer=False),
     "spac-no-prefetch": SpAcConfig(prefetch=False),
     "spac-no-evict": SpAcConfig(evict=False),
     "spac-no-sd": SpAcConfig(speculative=False),
-    "spac-literal-delta": SpAcConfig(reference="previous"),
+    "spac-literal-delta": SpAcConfig(reference="previous", adaptive_bounds=True),
+    # Other readings of the estimator (estimator.READINGS).
+    "spac-release": SpAcConfig(fixed_bounds=(5.0, 1.0), max_utility=5),
+    "spac-count-adaptive": SpAcConfig(adaptive_bounds=True),
+    "spac-level": SpAcConfig(reference="level", adaptive_bounds=True),
+    # Beyond the paper: the link as a third resource of the balancer (balancer.link_fetches).
+    "spac-link": SpAcConfig(link_fetch=True),
 }
+
+
+def reading_config(reading: str, **fields) -> SpAcConfig:
+    """SpAc's config with the estimator reading `reading` (a key of estimator.READINGS)."""
+    if reading not in READINGS:
+        raise ValueError(f"unknown estimator reading {reading!r} (known: {', '.join(READINGS)})")
+    reference, adaptive, bounds, max_utility = READINGS[reading]
+    return SpAcConfig(
+        reference=reference,
+        adaptive_bounds=adaptive,
+        fixed_bounds=bounds,
+        max_utility=max_utility,
+        **fields,
+    )
 
 
 class SpAcPolicy(OffloadPolicy):
@@ -70,6 +94,7 @@ class SpAcPolicy(OffloadPolicy):
             max_utility=cfg.max_utility,
             forgetting=cfg.forgetting,
             adaptive=cfg.adaptive_bounds,
+            fixed_bounds=cfg.fixed_bounds,
             reference=cfg.reference,
         )
         k = self.estimator.max_utility
@@ -95,7 +120,25 @@ class SpAcPolicy(OffloadPolicy):
         cached = self.cache.present[layer, experts]
         for e in experts[cached]:
             self.pool.move(layer, int(e), int(u[e]))  # used now: to the back of its level
-        return LayerPlan(accelerator=experts[cached], cpu=experts[~cached], fetch=EMPTY)
+        fetch = self._link_fetches(layer, experts[~cached], counts[~cached], now)
+        accelerator = np.concatenate([experts[cached], fetch]).astype(np.int64)
+        return LayerPlan(accelerator, np.setdiff1d(experts[~cached], fetch), fetch)
+
+    def _link_fetches(self, layer, misses, counts, now) -> np.ndarray:
+        """The misses to copy on demand (spac-link only), hottest first; see link_fetches."""
+        times = self.unit_times
+        cpu_expert, copy = times.cpu_per_expert, times.copy_per_expert
+        if not self.config.link_fetch or not len(misses) or None in (cpu_expert, copy):
+            return EMPTY
+        order = np.argsort(-counts, kind="stable")
+        arriving = self.cache.present & (self.cache.ready_at > now)
+        j = link_fetches(
+            np.full(len(misses), cpu_expert),  # the mean CPU expert: weight reads dominate
+            link_backlog=int(arriving.sum()) * copy,
+            copy_seconds=copy,
+            accelerator_seconds=times.accelerator_per_expert or 0.0,
+        )
+        return misses[order[:j]].astype(np.int64)
 
     def end_layer(self, layer, experts, counts) -> None:
         frequency = self._window_frequency(layer, experts, counts)

@@ -101,3 +101,30 @@ class WorkloadBalancer:
         self.tau_sum += choice.tau
         self.infeasible += not choice.feasible
         return choice
+
+
+def link_fetches(
+    cpu_seconds,
+    *,
+    link_backlog: float,
+    copy_seconds: float,
+    accelerator_seconds: float,
+) -> int:
+    """Beyond the paper: the link as a third resource. How many of a layer's misses, taken in
+    the order given (hottest first), to copy on demand instead of computing on the CPU.
+
+    The CPU computes the misses left to it in sequence (`cpu_seconds` [b], each one's time);
+    the link, busy for `link_backlog` seconds already, copies one expert per `copy_seconds`,
+    and the accelerator computes the copied ones in `accelerator_seconds` each, after the last
+    arrives. Fetching the first j finishes the misses at
+
+        finish(j) = max( sum_{i >= j} cpu_i ,  link_backlog + j (copy + accelerator) )   (j > 0)
+
+    and j = argmin finish(j), the smallest on ties (0: the paper's CPU fallback for every miss;
+    seed 003's balancer weighs the CPU against the accelerator only, eq. 7-12).
+    """
+    cpu = np.asarray(cpu_seconds, dtype=float)
+    left = np.concatenate([np.cumsum(cpu[::-1])[::-1], [0.0]])  # [b + 1]: CPU time of i >= j
+    j = np.arange(len(left))
+    link = np.where(j > 0, link_backlog + j * (copy_seconds + accelerator_seconds), 0.0)
+    return int(np.argmin(np.maximum(left, link)))

@@ -33,24 +33,28 @@ expert each, then adds each token's m weighted outputs: equal up to the rounding
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 
 import numpy as np
 import torch
 
 from moespec.kernels import get_kernel
-from moespec.offload.policy import ExpertCache, LayerTiming
-from moespec.offload.simulator import PlanError
-from moespec.offload.tiers import (
+from moespec.offload.driver import (
+    LayerDriver,
+    OffloadStats,
+    Placement,
+    expert_cache_budget,
+    fits_in_memory,
+)
+from moespec.offload.engine.tiers import (
     CopyJob,
     ExpertStore,
     Link,
     SlotPool,
-    expert_cache_budget,
-    fits_in_memory,
     make_backend,
     model_expert_bytes,
 )
+from moespec.offload.policies.base import ExpertCache, LayerTiming
 
 __all__ = [
     "OffloadEngine",
@@ -65,34 +69,21 @@ STEP_FIELDS = ("hits", "misses", "bytes_copied", "cpu_experts")
 
 
 @dataclass
-class OffloadStats:
-    hits: int = 0  # needed experts resident and arrived when their layer was planned
-    misses: int = 0
-    bytes_copied: int = 0  # bytes of the copies started (fetches and prefetches)
-    cpu_experts: int = 0  # experts computed on the CPU (planned there, or fetches with no room)
-    copies: int = 0
-    fetches: int = 0
-    prefetches: int = 0
-    fallbacks: int = 0  # fetches that found no room and ran on the CPU
-    copy_wait_seconds: float = 0.0  # accelerator time spent waiting for arriving experts
-
-    def add(self, other: "OffloadStats") -> None:
-        for f in fields(self):
-            setattr(self, f.name, getattr(self, f.name) + getattr(other, f.name))
-
-    def to_dict(self) -> dict:
-        return {f.name: getattr(self, f.name) for f in fields(self)}
-
-
-@dataclass
 class _Work:
-    """One layer's plan as the compute needs it."""
+    """One layer's placement as the compute needs it."""
 
-    accelerator: np.ndarray
-    cpu: np.ndarray
+    placement: Placement
     waits: list  # CopyJobs of accelerator experts still arriving
     slots: np.ndarray  # [N] slot of each expert of the layer (valid for the pinned ones)
     start: float
+
+    @property
+    def accelerator(self) -> np.ndarray:
+        return self.placement.accelerator
+
+    @property
+    def cpu(self) -> np.ndarray:
+        return self.placement.cpu
 
 
 class OffloadEngine:
@@ -100,7 +91,7 @@ class OffloadEngine:
 
     experts: {decoder layer index: ExpertWeights} of the MoE layers (the store);
     draft_length: k the policy plans for (0 without speculation); top_k: m;
-    device: "cpu", "cuda[:N]" (or a backend of moespec.offload.tiers); cpu_workers: threads
+    device: "cpu", "cuda[:N]" (or a backend of moespec.offload.engine.tiers); cpu_workers: threads
     computing the CPU experts; record: keep a log of pins and evictions (for tests).
     """
 
@@ -138,9 +129,10 @@ class OffloadEngine:
         self._prompt_ids = [[] for _ in range(layers)]
         self._pending: dict[tuple[int, int], CopyJob] = {}
         self._copy_seconds, self._copies_done = 0.0, 0
-        self.step_stats, self.totals = OffloadStats(), OffloadStats()
-        self.preload_bytes = 0
         self.log = [] if record else None  # pins, evictions, unpins, in lock order (for tests)
+        self.driver = LayerDriver(self.cache, policy, self, self.log)
+        self.totals = OffloadStats()  # the driver's counts at the last take_stats()
+        self._job: CopyJob | None = None  # the copy the driver admitted last
         self._t0 = time.perf_counter()
 
     @classmethod
@@ -175,12 +167,11 @@ class OffloadEngine:
                 )
             self.policy.fit(trace)
         with self.lock:
-            self.policy.reset(self.cache, draft_length=self.draft_length, top_k=self.top_k)
+            self.driver.start(draft_length=self.draft_length, top_k=self.top_k)
             for layer, expert in np.argwhere(self.cache.present):
                 slot = self.slot_of[layer, expert] = self.pool.take()
                 job = CopyJob(int(layer), int(expert), slot, "preload")
                 self.backend.copy(self.pool, job, self.store.layers[layer])
-            self.preload_bytes = self.cache.used_bytes
         self.link = Link(self.pool, self.store, self.backend, self.lock, self._pull, self._arrived)
         # A worker thread's first torch call sets up its thread pool: pay that before decoding.
         self.cpu_pool.submit(_warm_up, self.store.layers[0]).result()
@@ -226,8 +217,8 @@ class OffloadEngine:
     def take_stats(self) -> dict:
         """The StepRecord fields (hits, misses, bytes_copied, cpu_experts) since the last take."""
         with self.lock:
-            step, self.step_stats = self.step_stats, OffloadStats()
-            self.totals.add(step)
+            now = self.driver.stats.copy()
+            step, self.totals = now.minus(self.totals), now
         return {name: getattr(step, name) for name in STEP_FIELDS}
 
     def summary(self) -> dict:
@@ -241,7 +232,7 @@ class OffloadEngine:
             "slots": self.pool.slots,
             "expert_bytes": self.store.bytes_per_expert,
             "total_expert_bytes": self.store.total_bytes,
-            "preload_bytes": self.preload_bytes,
+            "preload_bytes": self.driver.preload_bytes,
             "peak_cache_bytes": self.cache.peak_bytes,
             "hit_rate": totals["hits"] / needed if needed else None,
             **totals,
@@ -276,8 +267,8 @@ class OffloadEngine:
         self._prompt_ids[l].append(ids)
         distinct = len(np.unique(ids))
         with self.lock:
-            self.step_stats.misses += distinct
-            self.step_stats.cpu_experts += distinct
+            self.driver.stats.misses += distinct
+            self.driver.stats.cpu_experts += distinct
         host = torch.device("cpu")
         y = get_kernel(kernel)(
             x.to(host), expert_ids.to(host), expert_weights.to(host), self.store.layers[l]
@@ -306,75 +297,35 @@ class OffloadEngine:
 
     def _plan(self, l: int, experts: np.ndarray, counts: np.ndarray) -> _Work:
         with self.lock:
-            now, cache, stats = self._clock(), self.cache, self.step_stats
-            hits = int(cache.ready(l, experts, now).sum())
-            plan = self.policy.plan_layer(l, experts, counts, now)
-            stay = _check_plan(plan, experts, cache.present[l], l)
-            cache.pinned[l, stay] = True  # before any fetch looks for room
-            self._log("pin", l, stay)
-            failed = self._fetch(l, plan.fetch, now)
-            accelerator, cpu = plan.accelerator, plan.cpu
-            if failed:
-                accelerator = np.setdiff1d(accelerator, failed)
-                cpu = np.concatenate([cpu, failed]).astype(np.int64)
-            waits = [self._pending[l, e] for e in accelerator.tolist() if (l, e) in self._pending]
-            stats.hits += hits
-            stats.misses += len(experts) - hits
-            stats.fetches += len(plan.fetch) - len(failed)
-            stats.fallbacks += len(failed)
-            stats.cpu_experts += len(cpu)
+            now = self._clock()
+            placed = self.driver.plan(l, experts, counts, now, self._fetch)
+            pending = self._pending
+            waits = [pending[l, e] for e in placed.accelerator.tolist() if (l, e) in pending]
             self.lock.notify_all()
-            return _Work(accelerator, cpu, waits, self.slot_of[l].copy(), now)
+            return _Work(placed, waits, self.slot_of[l].copy(), now)
 
-    def _fetch(self, l: int, fetch: np.ndarray, now: float) -> list[int]:
-        """Admit the plan's on-demand copies, in order; return those that found no room."""
-        failed = []
-        for e in fetch.tolist():
-            self.cache.pinned[l, e] = True
-            job = self._admit(l, e, "fetch", now)
-            if job is None:  # every cached expert is in use or arriving: run it on the CPU
-                self.cache.pinned[l, e] = False
-                failed.append(e)
-            else:
-                self._log("pin", l, [e])
-                self.link.fetches.append(job)
-        return failed
+    def _fetch(self, l: int, e: int, now: float) -> bool:
+        """An on-demand copy: admitted, then on the link ahead of any prefetch."""
+        if not self.driver.admit(l, e, "fetch", now):
+            return False
+        self.link.fetches.append(self._job)
+        return True
 
-    def _log(self, event: str, l: int, experts) -> None:
-        """("pin" | "evict" | "unpin", layer, experts), appended under the lock (for tests)."""
-        if self.log is not None:
-            self.log.append((event, l, tuple(int(e) for e in experts)))
+    # The driver's back-end hooks (under the lock).
+    def arrival(self, layer: int, now: float) -> float:
+        return np.inf  # usable once `_arrived` records its arrival
 
-    def _admit(self, l: int, e: int, kind: str, now: float) -> CopyJob | None:
-        """Make room (the policy's victims), insert (l, e) as arriving, give it a slot."""
-        cache = self.cache
-        while not cache.fits(l):
-            victim = self.policy.choose_victim(l, e, now)
-            if victim is None:
-                return None
-            vl, ve = int(victim[0]), int(victim[1])
-            cache.evict(vl, ve, now=now)
-            self.pool.release(int(self.slot_of[vl, ve]))
-            self.slot_of[vl, ve] = -1
-            self._log("evict", vl, [ve])
-        cache.insert(l, e, ready_at=np.inf)  # usable once `_arrived` records its arrival
-        self.policy.admitted(l, e)
-        slot = self.slot_of[l, e] = self.pool.take()
-        job = self._pending[l, e] = CopyJob(l, e, slot, kind)
-        self.step_stats.copies += 1
-        self.step_stats.prefetches += kind == "prefetch"
-        self.step_stats.bytes_copied += self.store.bytes_per_expert
-        return job
+    def copy_started(self, layer: int, expert: int, kind: str) -> None:
+        slot = self.slot_of[layer, expert] = self.pool.take()
+        self._job = self._pending[layer, expert] = CopyJob(layer, expert, slot, kind)
+
+    def evicted(self, layer: int, expert: int) -> None:
+        self.pool.release(int(self.slot_of[layer, expert]))
+        self.slot_of[layer, expert] = -1
 
     def _pull(self) -> CopyJob | None:
         """The link is idle: the policy's next prefetch that finds room, or None."""
-        while (item := self.policy.next_prefetch()) is not None:
-            l, e = int(item[0]), int(item[1])
-            if not self.cache.present[l, e]:
-                job = self._admit(l, e, "prefetch", self._clock())
-                if job is not None:
-                    return job
-        return None
+        return None if self.driver.pull(self._clock()) is None else self._job
 
     def _arrived(self, job: CopyJob) -> None:
         self.cache.ready_at[job.layer, job.expert] = self._clock()
@@ -451,25 +402,21 @@ class OffloadEngine:
         acc_seconds = acc_timer.seconds() if acc_timer is not None else 0.0
         end = self._clock()
         with self.lock:
-            self.cache.pinned[l, work.accelerator] = False
-            self._log("unpin", l, work.accelerator)
-            self.policy.end_layer(l, experts, counts)
             copy_seconds, copies = self._copy_seconds, self._copies_done
             self._copy_seconds, self._copies_done = 0.0, 0
-            self.policy.observe_layer(
-                LayerTiming(
-                    l,
-                    end - work.start,
-                    cpu_seconds,
-                    cpu_slots,
-                    len(work.cpu),
-                    acc_seconds,
-                    len(work.accelerator),
-                    copy_seconds,
-                    copies,
-                )
+            measured = LayerTiming(
+                l,
+                end - work.start,
+                cpu_seconds,
+                cpu_slots,
+                len(work.cpu),
+                acc_seconds,
+                len(work.accelerator),
+                copy_seconds,
+                copies,
             )
-            self.step_stats.copy_wait_seconds += waited
+            self.driver.finish(l, experts, counts, work.placement, measured)
+            self.driver.stats.copy_wait_seconds += waited
             self.lock.notify_all()
 
 
@@ -478,15 +425,3 @@ def _warm_up(experts) -> None:
         torch.nn.functional.linear(
             experts.down[0].new_zeros(2, experts.intermediate_size), experts.down[0]
         )
-
-
-def _check_plan(plan, experts: np.ndarray, present: np.ndarray, layer: int) -> np.ndarray:
-    """Every needed expert computed exactly once; fetches absent, the rest of `accelerator`
-    resident (seed 003's contract, as the simulator checks it). Returns that rest."""
-    together = np.sort(np.concatenate([plan.accelerator, plan.cpu]))
-    if not np.array_equal(together, experts):
-        raise PlanError(f"layer {layer}: the plan does not compute every needed expert once")
-    stay = np.setdiff1d(plan.accelerator, plan.fetch)
-    if present[plan.fetch].any() or not present[stay].all():
-        raise PlanError(f"layer {layer}: fetches must be absent, other accelerator experts cached")
-    return stay

@@ -1,0 +1,220 @@
+"""The layer driver: what every offload run does around a policy, whatever keeps its time.
+
+One driver serves the simulator (a virtual clock, copies timed by a cost model) and the engine
+(the wall clock, copies made by a thread). Per pass and MoE layer l, once the router has named
+the pass's experts E_l with slot counts c_e (seed 003 §2.3):
+
+    plan      policy.plan_layer(l, E_l, c, now), checked: every needed expert computed once,
+              fetches absent, the other accelerator experts cached
+    pin       the cached accelerator experts, before any fetch looks for room
+    fetch     each expert of `fetch` is admitted (room made from the policy's victims) and
+              handed to the back end's link; one that finds no room runs on the CPU instead
+    finish    unpin, policy.end_layer, policy.observe_layer(what the back end measured)
+
+`admit` is the one way into the cache (fetches, prefetches): victims are evicted only when the
+cache's rules allow it (not pinned, arrived), and `OffloadStats` counts everything once, with
+one set of names for both back ends. The back end is any object with three methods:
+
+    arrival(layer, now) -> float      when a copy started at `now` is usable (inf: not known yet)
+    copy_started(layer, expert, kind) the expert holds its bytes now; start moving them
+    evicted(layer, expert)            the expert's bytes are free again
+
+The budget: `expert_cache_budget` (one rule for both back ends) is floor(ratio x W) bytes of
+all expert bytes W, or a byte count.
+"""
+
+from dataclasses import dataclass, fields
+
+import numpy as np
+
+from moespec.offload.policies.base import CacheBudgetError, ExpertCache, LayerTiming
+
+
+class PlanError(RuntimeError):
+    """A policy's layer plan does not compute every needed expert exactly once."""
+
+
+@dataclass
+class OffloadStats:
+    """Counts of an offload run (or of one step of it), the same for the simulator and engine."""
+
+    hits: int = 0  # needed experts resident and arrived when their layer was planned
+    misses: int = 0
+    bytes_copied: int = 0  # bytes of the copies started (fetches and prefetches)
+    cpu_experts: int = 0  # experts computed on the CPU (planned there, or fetches with no room)
+    copies: int = 0
+    fetches: int = 0  # on-demand copies that found room
+    prefetches: int = 0
+    fallbacks: int = 0  # fetches that found no room and ran on the CPU
+    copy_wait_seconds: float = 0.0  # accelerator time spent waiting for arriving experts
+
+    @property
+    def needed(self) -> int:
+        return self.hits + self.misses
+
+    @property
+    def hit_rate(self) -> float:
+        return self.hits / self.needed if self.needed else 0.0
+
+    def add(self, other: "OffloadStats") -> None:
+        for f in fields(self):
+            setattr(self, f.name, getattr(self, f.name) + getattr(other, f.name))
+
+    def minus(self, other: "OffloadStats") -> "OffloadStats":
+        names = [f.name for f in fields(self)]
+        return OffloadStats(**{n: getattr(self, n) - getattr(other, n) for n in names})
+
+    def copy(self) -> "OffloadStats":
+        return OffloadStats(**self.to_dict())
+
+    def to_dict(self) -> dict:
+        return {f.name: getattr(self, f.name) for f in fields(self)}
+
+
+@dataclass
+class Placement:
+    """Where one layer's experts run once the plan's fetches are settled."""
+
+    accelerator: np.ndarray  # expert ids computed on the accelerator (pinned)
+    cpu: np.ndarray  # expert ids computed on the CPU
+    fetch: np.ndarray  # the plan's on-demand copies (those that found no room are in `cpu`)
+
+
+def expert_cache_budget(
+    total_bytes: int,
+    bytes_per_expert: int,
+    *,
+    ratio: float | None = None,
+    nbytes=None,
+    least_experts: int = 1,
+) -> int:
+    """The expert cache budget in bytes: floor(`ratio` x W) of all expert bytes W, or `nbytes`.
+
+    A budget below `least_experts` experts is an error (the engine needs one slot; a simulation
+    may pass 0 to study a cache that holds nothing). A budget of W or more needs no offloading.
+    """
+    if (ratio is None) == (nbytes is None):
+        raise ValueError("give the expert cache as a ratio or as bytes, not both or neither")
+    if ratio is not None:
+        if ratio < 0 or (least_experts and not ratio > 0):
+            raise ValueError(f"expert cache ratio must be > 0, got {ratio}")
+        budget, what = int(ratio * total_bytes), f"expert cache ratio {ratio:g}"
+    else:
+        if int(nbytes) < 0:
+            raise ValueError(f"expert cache bytes must be >= 0, got {nbytes}")
+        budget, what = int(nbytes), "expert cache"
+    if budget < least_experts * bytes_per_expert:
+        raise ValueError(
+            f"{what} of {budget} bytes holds no expert: one expert is {bytes_per_expert} bytes "
+            f"(the least budget; ratio {bytes_per_expert / total_bytes:.3g} of all expert bytes)"
+        )
+    return budget
+
+
+def fits_in_memory(budget_bytes: int, total_bytes: int) -> bool:
+    """A budget that holds every expert: nothing to offload."""
+    return budget_bytes >= total_bytes
+
+
+class LayerDriver:
+    """Runs a policy against an `ExpertCache` for a back end (see the module docstring).
+
+    The caller serialises the calls (the engine holds its lock around each); `log`, when a list,
+    receives ("pin" | "evict" | "unpin", layer, experts) in call order (for tests).
+    """
+
+    def __init__(self, cache: ExpertCache, policy, backend, log: list | None = None):
+        self.cache, self.policy, self.backend, self.log = cache, policy, backend, log
+        self.stats = OffloadStats()
+        self.preload_bytes = 0
+
+    def start(self, *, draft_length: int, top_k: int) -> None:
+        """Reset the policy on the cache; what it preloads counts as `preload_bytes`."""
+        self.policy.reset(self.cache, draft_length=draft_length, top_k=top_k)
+        self.preload_bytes = self.cache.used_bytes
+
+    # One layer of a pass.
+    def plan(self, layer: int, experts: np.ndarray, counts: np.ndarray, now: float, fetch):
+        """Plan, check, pin and fetch; `fetch(layer, expert, now)` -> False when no room."""
+        cache, stats = self.cache, self.stats
+        hits = int(cache.ready(layer, experts, now).sum())
+        plan = self.policy.plan_layer(layer, experts, counts, now)
+        stay = check_plan(plan, experts, cache.present[layer], layer)
+        cache.pinned[layer, stay] = True
+        self._log("pin", layer, stay)
+        failed = []
+        for e in plan.fetch.tolist():
+            cache.pinned[layer, e] = True
+            if fetch(layer, e, now):
+                self._log("pin", layer, [e])
+            else:  # every cached expert is in use or arriving: run it on the CPU
+                cache.pinned[layer, e] = False
+                failed.append(e)
+        accelerator, cpu = plan.accelerator, plan.cpu
+        if failed:
+            accelerator = np.setdiff1d(accelerator, failed)
+            cpu = np.concatenate([cpu, failed]).astype(np.int64)
+        stats.hits += hits
+        stats.misses += len(experts) - hits
+        stats.fetches += len(plan.fetch) - len(failed)
+        stats.fallbacks += len(failed)
+        stats.cpu_experts += len(cpu)
+        return Placement(accelerator, cpu, plan.fetch)
+
+    def finish(self, layer, experts, counts, placement: Placement, timing: LayerTiming) -> None:
+        self.cache.pinned[layer, placement.accelerator] = False
+        self._log("unpin", layer, placement.accelerator)
+        self.policy.end_layer(layer, experts, counts)
+        self.policy.observe_layer(timing)
+
+    # The cache's one door.
+    def admit(self, layer: int, expert: int, kind: str, now: float) -> bool:
+        """Make room (the policy's victims), insert (layer, expert) as copied from `now`."""
+        cache = self.cache
+        while not cache.fits(layer):
+            victim = self.policy.choose_victim(layer, expert, now)
+            if victim is None:
+                return False
+            vl, ve = int(victim[0]), int(victim[1])
+            cache.evict(vl, ve, now=now)
+            self.backend.evicted(vl, ve)
+            self._log("evict", vl, [ve])
+        cache.insert(layer, expert, ready_at=self.backend.arrival(layer, now))
+        self.policy.admitted(layer, expert)
+        self.stats.copies += 1
+        self.stats.prefetches += kind == "prefetch"
+        self.stats.bytes_copied += int(cache.expert_bytes[layer])
+        self.backend.copy_started(layer, expert, kind)
+        return True
+
+    def pull(self, now: float) -> tuple[int, int] | None:
+        """The link is idle at `now`: admit the policy's next prefetch that finds room."""
+        while (item := self.policy.next_prefetch()) is not None:
+            layer, expert = int(item[0]), int(item[1])
+            if not self.cache.present[layer, expert] and self.admit(layer, expert, "prefetch", now):
+                return layer, expert
+        return None
+
+    def check_budget(self) -> None:
+        if self.cache.peak_bytes > self.cache.budget_bytes:  # insert() forbids it; belt and braces
+            raise CacheBudgetError("the cache exceeded its budget")
+
+    def _log(self, event: str, layer: int, experts) -> None:
+        if self.log is not None:
+            self.log.append((event, layer, tuple(int(e) for e in experts)))
+
+
+def check_plan(plan, experts: np.ndarray, present: np.ndarray, layer: int) -> np.ndarray:
+    """Every needed expert computed exactly once; fetches absent and on the accelerator, the
+    rest of `accelerator` resident (seed 003's contract). Returns that rest."""
+    together = np.sort(np.concatenate([plan.accelerator, plan.cpu]))
+    if not np.array_equal(together, experts):
+        raise PlanError(f"layer {layer}: the plan does not compute every needed expert once")
+    stay = np.setdiff1d(plan.accelerator, plan.fetch)
+    if (
+        present[plan.fetch].any()
+        or not np.isin(plan.fetch, plan.accelerator).all()
+        or not present[stay].all()
+    ):
+        raise PlanError(f"layer {layer}: fetches must be absent, other accelerator experts cached")
+    return stay
