@@ -41,21 +41,21 @@ NEVER_LOSES = 0.97  # auto's floor against plain where no fixed choice beats pla
 
 
 def prompts_from_held_out(tokenizer, count: int, length: int, seed: int) -> list[dict]:
-    """`count` windows of `length` tokens, one per held-out file long enough, at a seeded
-    offset (so not every prompt is a licence header)."""
+    """`count` windows of `length` tokens, one per held-out file of at least 2 `length`
+    tokens, at a seeded offset (so not every prompt is a licence header)."""
     rng = random.Random(seed)
     prompts = []
     for document in held_out_documents():
         ids = tokenizer.encode(document.text)
-        if len(ids) < 4 * length:
+        if len(ids) < 2 * length:
             continue
-        start = rng.randrange(0, len(ids) - 2 * length)
+        start = rng.randrange(0, len(ids) - 2 * length + 1)
         prompts.append(
             {"source": document.name, "offset": start, "ids": ids[start : start + length]}
         )
         if len(prompts) == count:
             return prompts
-    raise ValueError(f"only {len(prompts)} held-out files have {4 * length} tokens")
+    raise ValueError(f"only {len(prompts)} held-out files have {2 * length} tokens")
 
 
 def make_arms(target, draft_model, draft_dir, tokenizer, max_tokens):

@@ -300,6 +300,6 @@ class DraftLengthPolicy:
         self.rejected = self.rejected * keep + disagreed
 
     def observe_idle(self) -> None:
-        """A step another drafter (or none) ran."""
+        """A plain step the drafter could have drafted in."""
         self.steps += 1
         self.idle_streak += 1

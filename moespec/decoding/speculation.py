@@ -16,7 +16,8 @@ Evidence comes as cheaply as it can:
 - a model drafter at k* = 0 is probed, under greedy decoding, by catching up on the tokens it
   missed in one batched pass and scoring its greedy predictions at those positions, not by a
   speculative step; under sampling a probe is a one-token draft. The probe gap doubles after
-  every probe that leaves k* = 0 (`DraftLengthPolicy`).
+  every probe that leaves k* = 0 (`DraftLengthPolicy`), and only plain steps count towards
+  it: while another drafter drafts, a probe would cost a step that already pays.
 """
 
 import time
@@ -156,7 +157,8 @@ class Speculation:
                     drafted, accepted, proposal.seconds, catch_up=proposal.draft.catch_up
                 )
                 continue
-            option.policy.observe_idle()
+            if proposal.drafter is None:  # probes look for gains where nothing drafts
+                option.policy.observe_idle()
             shadow = proposal.shadows.get(name)
             if shadow:
                 agreed = 0

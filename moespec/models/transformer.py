@@ -128,6 +128,7 @@ class Transformer:
             a = layer.attention
             a.qkv, a.o = pack(a.qkv), pack(a.o)
             if isinstance(layer.mlp, MoEBlock):
+                layer.mlp.router = pack(layer.mlp.router)
                 layer.mlp.experts.pack()
             else:
                 layer.mlp.gate_up, layer.mlp.down = pack(layer.mlp.gate_up), pack(layer.mlp.down)
