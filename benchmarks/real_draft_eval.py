@@ -58,7 +58,7 @@ def prompts_from_held_out(tokenizer, count: int, length: int, seed: int) -> list
     raise ValueError(f"only {len(prompts)} held-out files have {2 * length} tokens")
 
 
-def make_arms(target, draft_model, draft_dir, tokenizer, max_tokens):
+def make_arms(target, draft_model, draft_dir, tokenizer):
     """{arm name: function(prompt ids, n) -> records}, each a fresh generation."""
     vocab = target.config.vocab_size
 
@@ -211,7 +211,7 @@ def main(argv=None) -> int:
     target.batch_invariant = args.batch_invariant == "on"
     draft, _ = load_model(draft_dir, dtype="bf16")
     prompts = prompts_from_held_out(tokenizer, args.prompts, args.prompt_tokens, args.seed)
-    arms = make_arms(target, draft, draft_dir, tokenizer, args.tokens)
+    arms = make_arms(target, draft, draft_dir, tokenizer)
     for run in arms.values():  # the same warm-up for every arm
         run(prompts[0]["ids"], 16)
     rng = random.Random(args.seed)
