@@ -143,3 +143,42 @@ def test_recorded_windows_stay_inside_documents():
     windows = recorded_windows(ids, np.array([0, 3, 10]), 3, 100, np.random.default_rng(0))
     starts = sorted(int(w[0, 0]) // 2 for w in windows)
     assert starts == [0, 3, 4, 5, 6, 7]  # every window of 3 tokens, none across position 3
+
+
+def layer_records(layer, scale, window_error):
+    """Chosen-id passes of one layer (time scaled by `scale`) and windows off by a known
+    relative error."""
+    out = []
+    for kernel, time_of in (("slot", slot_time), ("dedup", dedup_time)):
+        for design, error in (("chosen", 0.0), ("window", window_error[kernel])):
+            for r in records(kernel, lambda n, u, f=time_of: scale * f(n, u), design=design):
+                r["layer"] = layer
+                r["median"] *= 1 + (error if design == "window" else 0.0)
+                out.append(r)
+    return out
+
+
+def test_layer_fits_fit_each_layer_and_epsilon_is_the_paper_s():
+    from moespec.calibrate.fits import LayerFits
+
+    # Layer 0 runs at 1x, layer 3 at 2x; windows measured 10%/30% (layer 0) and 20%/40%
+    # (layer 3) away from the chosen-id law (slot/dedup).
+    rows = layer_records(0, 1.0, {"slot": 0.10, "dedup": 0.30}) + layer_records(
+        3, 2.0, {"slot": 0.20, "dedup": 0.40}
+    )
+    fits = LayerFits.fit(rows, M, ["slot", "dedup"])
+    assert fits.per_layer and sorted(fits.by_layer) == [0, 3]
+    assert fits.for_layer(3)["slot"].fixed_time_ == pytest.approx(100e-6, rel=1e-6)
+    assert fits.for_layer(0)["dedup"].token_cost_ == pytest.approx(15e-6, rel=1e-6)
+    assert fits.for_layer(7) is fits.pooled  # a layer not benchmarked: the pooled fit
+    # |fit - measured| / measured = e / (1 + e) on every window of a layer
+    errors = fits.layer_errors(rows)
+    assert errors[0]["slot"] == pytest.approx(0.1 / 1.1, rel=1e-6)
+    assert errors[3]["dedup"] == pytest.approx(0.4 / 1.4, rel=1e-6)
+    # epsilon_p: the median over layers; epsilon: the larger kernel's
+    kernel = fits.kernel_errors(rows)
+    assert kernel["slot"] == pytest.approx((0.1 / 1.1 + 0.2 / 1.2) / 2, rel=1e-6)
+    assert kernel["dedup"] == pytest.approx((0.3 / 1.3 + 0.4 / 1.4) / 2, rel=1e-6)
+    assert fits.bandwidth_error(rows) == pytest.approx(kernel["dedup"])
+    pooled = LayerFits.fit(rows, M, ["slot", "dedup"], per_layer=False)
+    assert not pooled.per_layer and pooled.for_layer(0) is pooled.pooled

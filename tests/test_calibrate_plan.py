@@ -235,3 +235,61 @@ def test_force_restarts_the_benchmark_instead_of_resuming_it(text_checkpoint, tm
         make_plan(tmp_path, **options)
     make_plan(tmp_path, force=True, **options)
     assert all(r["median"] != 123.0 for r in load_raw(raw))
+
+
+def test_evaluation_scores_every_version_on_one_run(plan_dir, tmp_path):
+    from moespec.calibrate.evaluate import EvaluationSettings, evaluate
+    from moespec.models import load_model
+
+    out, directory = plan_dir
+    plan = load_plan(out / "plan.json")
+    model, tokenizer = load_model(directory, dtype="fp32")
+    settings = EvaluationSettings(
+        prompts=2,
+        prompt_tokens=8,
+        tokens=8,
+        repeats=2,
+        verify_repeats=1,
+        max_draft_length=3,
+        acceptances=(0.3, 0.9),
+        bandwidth_bytes=1 << 20,
+    )
+    result = evaluate(plan, model, tokenizer, settings)
+    # greedy speculative output is the plain greedy continuation in every run (fp32)
+    assert result["runs_off_the_greedy_continuation"] == 0
+    # phases alternate verify / sweep, each with the read bandwidth before and after
+    assert [p["phase"] for p in result["phases"]] == [
+        "verify 0",
+        "sweep 0",
+        "verify 1",
+        "sweep 1",
+        "verify 2",
+    ]
+    assert all(p["read_bandwidth_before"] > 0 for p in result["phases"])
+    cell = result["sweep"]["by_acceptance"]["0.3"]
+    assert set(cell["tokens_per_second"]) == {0, 1, 2, 3}
+    assert all(len(runs) == 2 for runs in cell["runs"].values())  # one value per repeat
+    samples = {(r["kernel"], r["n_tokens"]): r["seconds"] for r in result["verify_records"]}
+    assert len(samples["slot", 4]) == 3 * 2  # three verify phases x two prompts
+    anchor = result["anchor"]["plain_time"]
+    assert anchor == pytest.approx(float(np.median(samples["slot", 1])))
+    for version in ("prediction", "measured_time", "calibrated"):
+        entry = result["versions"][version]
+        assert entry["prediction"]["verify_time"]["slot"][0] == pytest.approx(anchor)
+        assert len(entry["score"]) == 6
+    # the anchored chain keeps the plan's layer-time differences, only tau(1) moves
+    chain = plan["predictions"]["measured_time"]["verify_time"]["dedup"]
+    here = result["versions"]["measured_time"]["prediction"]["verify_time"]["dedup"]
+    shift = anchor - chain[0]
+    assert here == pytest.approx([t + shift for t in chain])
+    assert 0 <= result["stream"]["decoded_reuse2"] <= 1
+
+
+def test_evaluate_command_refuses_to_overwrite(plan_dir, tmp_path, capsys):
+    out, directory = plan_dir
+    existing = tmp_path / "evaluation.json"
+    existing.write_text("{}")
+    code = main(["evaluate", str(out), "--model", str(directory), "--out", str(existing)])
+    assert code == 2
+    assert "--force" in capsys.readouterr().err
+    assert existing.read_text() == "{}"

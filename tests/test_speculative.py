@@ -99,11 +99,14 @@ def test_target_as_its_own_draft_accepts_every_draft(pair):
         assert sum(r.drafted for r in records) > 0
 
 
-def test_oracle_acceptance_is_geometric_at_its_rate(pair):
+@pytest.mark.parametrize("positional", [False, True])
+def test_oracle_acceptance_is_geometric_at_its_rate(pair, positional):
     target, _ = pair
     a, k, max_tokens = 0.7, 4, 400
     reference = greedy_reference(target, PROMPT, max_tokens)
-    drafter = OracleDrafter(reference, len(PROMPT), a, target.config.vocab_size, seed=7)
+    drafter = OracleDrafter(
+        reference, len(PROMPT), a, target.config.vocab_size, seed=7, positional=positional
+    )
     steps = list(
         generate(
             target,
@@ -342,3 +345,19 @@ def test_greedy_speculative_output_equals_plain_greedy_in_bf16(bf16_pair, name, 
             draft_policy=DraftLengthPolicy(k),
         )
         assert tokens_of(records) == plain, (name, kernel, k)
+
+
+def test_positional_oracle_flags_are_shared_by_every_draft_length_and_acceptance():
+    reference = list(range(10, 60))
+
+    def drafts(acceptance, k):
+        oracle = OracleDrafter(reference, 3, acceptance, 100, seed=5, positional=True)
+        context = [0, 1, 2] + reference[:7]
+        return oracle.propose(context, k).tokens
+
+    long, short = drafts(0.6, 8), drafts(0.6, 2)
+    assert long[:2] == short  # the same flags and replacements at the same positions
+    wrong = {i for i, t in enumerate(drafts(0.6, 8)) if t != reference[7 + i]}
+    wrong_lower = {i for i, t in enumerate(drafts(0.3, 8)) if t != reference[7 + i]}
+    assert wrong <= wrong_lower  # u_p >= a: a lower acceptance flags a superset
+    assert drafts(1.0, 8) == reference[7:15]

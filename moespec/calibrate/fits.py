@@ -6,10 +6,14 @@ Deduplicating:   t = t_op + c_g U b + c_t n
 U: distinct experts of the pass; b: bytes of one expert; n: tokens; m: experts per token.
 Least squares on the passes with chosen ids (n = 2..9); scored on recorded windows, which the
 fits do not see: the median relative error there is the bandwidth error epsilon (§2, §4).
+Seed 000 fits each layer on its own (App. E: "per layer"); `LayerFits` holds those fits and
+the pooled one over every benchmarked layer (the documented alternative, and the fit of a
+layer that was not benchmarked).
 Estimator contract: settings in __init__, fit(records) returns self, fitted values end in _.
 """
 
 import statistics
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -141,3 +145,70 @@ def effective_bandwidths(records: list[dict], top_k: int, design: str = "window"
                     n: values[n] / bandwidth["slot"][n] for n in values if n in bandwidth["slot"]
                 }
     return {"bandwidth": bandwidth, "bandwidth_ratio": ratio}
+
+
+def new_fit(kernel: str, top_k: int) -> _TimeFit:
+    """An unfitted eq. (4) fit for the per-slot kernel, eq. (E.1) for a deduplicating one."""
+    return SlotFit(top_k) if kernel == "slot" else DedupFit(top_k, kernel=kernel)
+
+
+def _of_layer(records: list[dict], layer: int) -> list[dict]:
+    return [r for r in records if r["layer"] == layer]
+
+
+@dataclass
+class LayerFits:
+    """Fits per benchmarked layer and kernel, and the pooled fit over all of them.
+
+    by_layer is empty when fitting pooled (then every layer uses `pooled`); a layer with too
+    few chosen-id passes for its own fit (fewer than 3) takes the pooled fit."""
+
+    by_layer: dict[int, dict[str, _TimeFit]]
+    pooled: dict[str, _TimeFit]
+
+    @classmethod
+    def fit(cls, records: list[dict], top_k: int, kernels, per_layer: bool = True):
+        pooled = {k: new_fit(k, top_k).fit(records) for k in kernels}
+        by_layer = {}
+        if per_layer:
+            for layer in sorted({r["layer"] for r in records}):
+                rows = _of_layer(records, layer)
+                try:
+                    by_layer[layer] = {k: new_fit(k, top_k).fit(rows) for k in kernels}
+                except ValueError:  # too few passes of this layer: it takes the pooled fit
+                    continue
+        return cls(by_layer, pooled)
+
+    @property
+    def per_layer(self) -> bool:
+        return bool(self.by_layer)
+
+    def for_layer(self, layer: int) -> dict[str, _TimeFit]:
+        """The fits of a layer: its own, or the pooled ones for a layer not benchmarked."""
+        return self.by_layer.get(layer, self.pooled)
+
+    def layer_errors(self, records: list[dict]) -> dict[int, dict[str, float | None]]:
+        """Each layer fit's median relative error on that layer's recorded windows."""
+        return {
+            layer: {k: fit.bandwidth_error(_of_layer(records, layer)) for k, fit in fits.items()}
+            for layer, fits in self.by_layer.items()
+        }
+
+    def kernel_errors(self, records: list[dict]) -> dict[str, float | None]:
+        """epsilon_p (§4): the median over layers of each layer fit's median relative error on
+        the recorded windows; pooled, the pooled fit's median error over all windows."""
+        if not self.per_layer:
+            return {k: fit.bandwidth_error(records) for k, fit in self.pooled.items()}
+        out = {}
+        for kernel in self.pooled:
+            values = [e[kernel] for e in self.layer_errors(records).values()]
+            values = [v for v in values if v is not None]
+            out[kernel] = statistics.median(values) if values else None
+        return out
+
+    def bandwidth_error(self, records: list[dict]) -> float:
+        """epsilon (§4): the larger of the two kernels' epsilon_p."""
+        values = [e for e in self.kernel_errors(records).values() if e is not None]
+        if not values:
+            raise ValueError("no recorded window was benchmarked: epsilon is undefined")
+        return max(values)

@@ -22,12 +22,13 @@ import torch
 
 import moespec
 from moespec.calibrate.bench import BenchSettings, ExpertOpBenchmark
-from moespec.calibrate.fits import DedupFit, SlotFit, effective_bandwidths
+from moespec.calibrate.fits import LayerFits, SlotFit, effective_bandwidths
 from moespec.calibrate.ids import recorded_windows
 from moespec.calibrate.predict import (
     Prediction,
     outside_growth,
     times_from_fits,
+    times_from_layer_fits,
     times_from_measurements,
     verify_times,
 )
@@ -93,20 +94,13 @@ def windows_by_layer(trace: RoutingTrace, layers: list[int], pass_sizes, count: 
     return out
 
 
-def fit_all(records: list[dict], top_k: int, kernels) -> tuple[dict, dict]:
-    """Fits per kernel and the bandwidth error of each (median relative error on windows)."""
-    fits, errors = {}, {}
-    for kernel in kernels:
-        fit = SlotFit(top_k) if kernel == "slot" else DedupFit(top_k, kernel=kernel)
-        fits[kernel] = fit.fit(records)
-        errors[kernel] = fit.bandwidth_error(records)
-    return fits, errors
-
-
-def bench_and_fit(experts, top_k, settings, windows_ids, header, out_dir, progress, force):
+def bench_and_fit(
+    experts, top_k, settings, windows_ids, header, out_dir, progress, force, per_layer=True
+):
     """Benchmark the layers' expert operation (raw timings to out_dir/bench.jsonl, resumed
-    after an interruption unless `force` restarts it), fit each kernel, score the fits on
-    the windows; (records, kernels, dedup kernel, fits, errors, bandwidth tables)."""
+    after an interruption unless `force` restarts it), fit each kernel (per layer, or pooled),
+    score the fits on the windows; (records, kernels, dedup kernel, LayerFits, epsilon_p per
+    kernel, bandwidth tables)."""
     raw = Path(out_dir) / "bench.jsonl"
     if force:
         raw.unlink(missing_ok=True)
@@ -114,8 +108,18 @@ def bench_and_fit(experts, top_k, settings, windows_ids, header, out_dir, progre
     records = bench.run(raw, progress=progress)
     kernels = [k for k in settings.kernels if k != "reference"]
     dedup_kernel = next(k for k in kernels if k != "slot")
-    fits, errors = fit_all(records, top_k, kernels)
+    fits = LayerFits.fit(records, top_k, kernels, per_layer=per_layer)
+    errors = fits.kernel_errors(records)
     return records, kernels, dedup_kernel, fits, errors, effective_bandwidths(records, top_k)
+
+
+def layer_fit_summary(fits: LayerFits, records: list[dict]) -> dict:
+    """Each benchmarked layer's fits with its own error on its windows (empty when pooled)."""
+    layer_errors = fits.layer_errors(records)
+    return {
+        str(layer): fit_summary(layer_fits, layer_errors[layer])
+        for layer, layer_fits in fits.by_layer.items()
+    }
 
 
 def fit_summary(fits: dict, errors: dict) -> dict:
@@ -163,10 +167,12 @@ def plan_chain(
     bench_layers: list[int] | None = None,
     depth: int = 256,
     verify_repeats: int = 10,
+    per_layer_fits: bool = True,
     force: bool = False,
     progress: Progress,
 ) -> dict:
-    """The chain of make_plan, in an existing out_dir."""
+    """The chain of make_plan, in an existing out_dir. per_layer_fits: fit each benchmarked
+    layer on its own (seed 000), else one pooled fit over them."""
     from moespec.models import load_model
     from moespec.routing.record import record_trace, tokenize_documents
 
@@ -212,15 +218,16 @@ def plan_chain(
         out_dir,
         progress,
         force,
+        per_layer=per_layer_fits,
     )
     records, kernels, dedup_kernel, fits, errors, bandwidths = measured
-    epsilon = max(e for e in errors.values() if e is not None)
+    epsilon = fits.bandwidth_error(records)
 
     max_n = max(settings.pass_sizes)
     fit_trace = split_trace(trace, "fit") if trace.num_documents > 1 else trace
     routing = estimate(document_statistics(fit_trace, max_n), bootstrap=0)
     expert_bytes = [model.moe_blocks[layer].experts.bytes_per_expert for layer in moe_layers]
-    fitted_times = times_from_fits(fits, routing.union, expert_bytes, config.top_k)
+    fitted_times = times_from_layer_fits(fits, moe_layers, routing.union, expert_bytes)
     measured_times = times_from_measurements(records, moe_layers, max_n)
 
     verify_records = measure_verify(
@@ -246,11 +253,13 @@ def plan_chain(
         draft_time = np.zeros(max_n)
 
     versions = {}
-    for name, times, growth in [
-        ("prediction", fitted_times, None),
-        ("measured_time", measured_times, None),
-        ("calibrated", measured_times, outside_growth(measured["slot"], measured_times)),
-    ]:
+    growth = outside_growth(measured["slot"], measured_times)
+    chain = {
+        "prediction": (fitted_times, None),
+        "measured_time": (measured_times, None),
+        "calibrated": (measured_times, growth),
+    }
+    for name, (times, growth) in chain.items():
         prediction = Prediction(
             verify=verify_times(plain, times, growth),
             expert_time={k: v.sum(axis=0) for k, v in times.items()},
@@ -290,13 +299,29 @@ def plan_chain(
             "raw": "bench.jsonl",
         },
         "read_bandwidth": read_bandwidth(),
-        "fits": fit_summary(fits, errors),
+        "fits": fit_summary(
+            fits.pooled, {k: f.bandwidth_error(records) for k, f in fits.pooled.items()}
+        ),
+        "layer_fits": layer_fit_summary(fits, records),
+        "fits_per_layer": fits.per_layer,
+        # epsilon_p per kernel (median over layers of each layer fit's error) and epsilon
+        "kernel_bandwidth_error": errors,
         "bandwidth_error": epsilon,
         "bandwidth": {
             k: {str(n): v for n, v in t.items()} for k, t in bandwidths["bandwidth"].items()
         },
         "bandwidth_ratio": {
             k: {str(n): v for n, v in t.items()} for k, t in bandwidths["bandwidth_ratio"].items()
+        },
+        # t_p,l(n) of each version and g(n): what re-anchors the chain on another run's
+        # tau_meas(1) (moespec.calibrate.evaluate)
+        "chain": {
+            "layers": moe_layers,
+            "layer_times": {
+                name: {k: v.tolist() for k, v in times.items()}
+                for name, (times, _) in chain.items()
+            },
+            "outside_growth": chain["calibrated"][1].tolist(),
         },
         "routing": {
             "documents": trace.num_documents,
@@ -416,7 +441,7 @@ def shape_plan_chain(
     progress.start(f"making one layer of {shape.name}'s experts")
     experts = random_experts(shape, parse_dtype(dtype), settings.seed)
     windows_ids = windows_by_layer(trace, [layer], settings.pass_sizes, windows, settings.seed)
-    records, kernels, dedup_kernel, fits, errors, bandwidths = bench_and_fit(
+    records, kernels, dedup_kernel, layer_fits, errors, bandwidths = bench_and_fit(
         {layer: experts},
         shape.top_k,
         settings,
@@ -428,6 +453,7 @@ def shape_plan_chain(
     )
     max_n = max(settings.pass_sizes)
     routing = estimate(document_statistics(trace, max_n), bootstrap=0)
+    fits = layer_fits.pooled  # one layer: its own fit
     per_layer = times_from_fits(fits, routing.union, [shape.bytes_per_expert], shape.top_k)
     for kernel in per_layer:  # a one-token pass runs the per-slot kernel whatever the switch
         per_layer[kernel][:, 0] = per_layer["slot"][:, 0]

@@ -48,6 +48,29 @@ def times_from_fits(fits: dict, unions: np.ndarray, expert_bytes, top_k: int) ->
     }
 
 
+def times_from_layer_fits(
+    layer_fits, layer_indices: list[int], unions: np.ndarray, expert_bytes
+) -> LayerTimes:
+    """t_p,l(n) from each layer's own fit (seed 000 fits per layer), the pooled fit for a
+    layer that was not benchmarked; unions: [L, n_max], rows in `layer_indices` order."""
+    max_n = unions.shape[1]
+    kernels = list(layer_fits.pooled)
+    return {
+        kernel: np.array(
+            [
+                [
+                    layer_fits.for_layer(layer)[kernel].predict(
+                        n, unions[row, n - 1], expert_bytes[row]
+                    )
+                    for n in range(1, max_n + 1)
+                ]
+                for row, layer in enumerate(layer_indices)
+            ]
+        )
+        for kernel in kernels
+    }
+
+
 def times_from_measurements(
     records: list[dict], layer_indices: list[int], max_n: int
 ) -> LayerTimes:
@@ -108,6 +131,9 @@ class Prediction:
     dedup_kernel: str = "dedup"
     acceptances: tuple = ACCEPTANCES
     details: dict = field(default_factory=dict)
+    # The verify time in V_hat(k): "auto" (the kernel the plan's crossover picks, what the
+    # engine runs) or a kernel name; seed 000 scores V_hat(k) = tau_hat_dedup(k + 1) + h(k).
+    step_kernel: str = "auto"
 
     @property
     def max_n(self) -> int:
@@ -144,9 +170,17 @@ class Prediction:
         """tau of the pass size's chosen kernel: what the engine runs with this plan."""
         return np.array([self.verify[self.kernel_for(n)][n - 1] for n in range(1, self.max_n + 1)])
 
+    def step_verify(self) -> np.ndarray:
+        """tau_hat(n) of the step kernel; a one-token pass runs the per-slot kernel."""
+        if self.step_kernel == "auto":
+            return self.auto_verify()
+        tau = self.verify[self.step_kernel].copy()
+        tau[0] = self.verify["slot"][0]
+        return tau
+
     def step_times(self) -> list[float]:
         """V_hat(k) = tau_hat(k + 1) + h(k), k = 0..n_max - 1."""
-        return [float(t + h) for t, h in zip(self.auto_verify(), self.draft_time, strict=True)]
+        return [float(t + h) for t, h in zip(self.step_verify(), self.draft_time, strict=True)]
 
     def valid(self) -> bool:
         """Every predicted step time is positive (fits extrapolating noise can break this)."""
@@ -200,3 +234,30 @@ class Prediction:
                 if n >= 2 and byte_share[n - 1] > 0
             }
         return out
+
+
+def anchored_predictions(
+    chain: dict,
+    plain_time: float,
+    *,
+    bandwidth_error: float,
+    draft_time,
+    dedup_kernel: str,
+    step_kernel: str = "auto",
+) -> dict[str, Prediction]:
+    """The plan's three versions re-anchored on another run's tau_meas(1) (eq. 22 as meant:
+    the anchor and the runs scored come from one process). chain: a plan's "chain" entry,
+    {"layer_times": {version: {kernel: [L][n_max]}}, "outside_growth": [n_max]}."""
+    growth = np.asarray(chain["outside_growth"])
+    out = {}
+    for version, tables in chain["layer_times"].items():
+        times = {k: np.asarray(v) for k, v in tables.items()}
+        out[version] = Prediction(
+            verify=verify_times(plain_time, times, growth if version == "calibrated" else None),
+            expert_time={k: v.sum(axis=0) for k, v in times.items()},
+            bandwidth_error=bandwidth_error,
+            draft_time=np.asarray(draft_time, dtype=float),
+            dedup_kernel=dedup_kernel,
+            step_kernel=step_kernel,
+        )
+    return out

@@ -117,28 +117,79 @@ def step_time_error_of(predicted_steps, measured_steps) -> float:
 def score(plan: dict, verify_records: list[dict], sweep: dict, version: str = "calibrated"):
     """{rule: (holds, detail)} for one prediction version of a plan."""
     prediction = plan["predictions"][version]
-    dedup = plan["kernel"]["dedup_kernel"]
-    max_n = len(prediction["saving"])
+    return score_values(
+        crossover=prediction["crossover"],
+        saving=prediction["saving"],
+        verify_time=prediction["verify_time"],
+        step_times=prediction["staircase"]["step_times"],
+        draft_time=plan["draft_time"],
+        dedup_kernel=plan["kernel"]["dedup_kernel"],
+        verify_records=verify_records,
+        sweep=sweep,
+    )
+
+
+def score_prediction(prediction, verify_records: list[dict], sweep: dict, step_kernel="auto"):
+    """{rule: (holds, detail)} for a `Prediction` (moespec.calibrate.predict)."""
+    return score_values(
+        crossover=prediction.crossover(),
+        saving=list(prediction.saving()),
+        verify_time={k: list(v) for k, v in prediction.verify.items()},
+        step_times=prediction.step_times(),
+        draft_time=list(prediction.draft_time),
+        dedup_kernel=prediction.dedup_kernel,
+        verify_records=verify_records,
+        sweep=sweep,
+        step_kernel=step_kernel,
+    )
+
+
+def score_values(
+    *,
+    crossover,
+    saving,
+    verify_time: dict,
+    step_times,
+    draft_time,
+    dedup_kernel: str,
+    verify_records: list[dict],
+    sweep: dict,
+    step_kernel: str = "auto",
+):
+    """The six rules from a prediction's values. step_kernel: the kernel of the measured step
+    time V(k) that delta compares with ("auto": the measured crossover's; seed 000 uses the
+    deduplicating kernel's), the per-slot kernel at n = 1 either way."""
+    max_n = len(saving)
     samples = {(r["kernel"], r["n_tokens"]): r["seconds"] for r in verify_records}
     measured = {
-        k: [float(np.median(samples[(k, n)])) for n in range(1, max_n + 1)] for k in ("slot", dedup)
+        k: [float(np.median(samples[(k, n)])) for n in range(1, max_n + 1)]
+        for k in ("slot", dedup_kernel)
     }
-    steps = prediction["staircase"]["step_times"]
-    measured_cross = measured_crossover(measured["slot"], measured[dedup])
-    k_rule, loss_rule = rule_best_draft_length(steps, sweep["by_acceptance"])
+    measured_cross = measured_crossover(measured["slot"], measured[dedup_kernel])
+
+    def measured_kernel(n: int) -> str:
+        if n == 1:
+            return "slot"
+        if step_kernel != "auto":
+            return step_kernel
+        return dedup_kernel if measured_cross and n >= measured_cross else "slot"
+
     measured_steps = [
-        measured[dedup if measured_cross and n >= measured_cross else "slot"][n - 1]
-        + plan["draft_time"][n - 1]
-        for n in range(1, max_n + 1)
+        measured[measured_kernel(n)][n - 1] + draft_time[n - 1] for n in range(1, max_n + 1)
     ]
-    delta = step_time_error_of(steps, measured_steps)
+    if all(v > 0 for v in step_times):
+        k_rule, loss_rule = rule_best_draft_length(step_times, sweep["by_acceptance"])
+        delta = step_time_error_of(step_times, measured_steps)
+        speedup_rule = rule_speedup(step_times, sweep["by_acceptance"], delta)
+    else:  # fits extrapolating noise: no staircase to score, the three rules fail
+        k_rule = loss_rule = speedup_rule = (False, "a predicted step time is not positive")
     return {
-        "crossover within one": rule_crossover(prediction["crossover"], measured_cross, max_n),
+        "crossover within one": rule_crossover(crossover, measured_cross, max_n),
         "k* within one at >= 9 of 11": k_rule,
         "throughput lost <= 6%": loss_rule,
-        "sign of S(n)": rule_sign(prediction["saving"], samples, dedup),
-        "verify time within 15%": rule_verify_time(prediction["verify_time"], measured),
-        "best speedup inside (21)": rule_speedup(steps, sweep["by_acceptance"], delta),
+        "sign of S(n)": rule_sign(saving, samples, dedup_kernel),
+        "verify time within 15%": rule_verify_time(verify_time, measured),
+        "best speedup inside (21)": speedup_rule,
     }
 
 

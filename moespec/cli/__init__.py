@@ -11,6 +11,7 @@ COMMANDS = {
     "generate": "moespec.cli.generate",
     "measure-verify": "moespec.cli.measure_verify",
     "plan": "moespec.cli.plan",
+    "evaluate": "moespec.cli.evaluate",
     "staircase": "moespec.cli.staircase",
     "simulate": "moespec.cli.simulate",
     "trace": "moespec.cli.trace",

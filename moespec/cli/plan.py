@@ -57,6 +57,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--flush-mib", type=non_negative_int, default=256, help="cache flush buffer (MiB)"
     )
     parser.add_argument("--verify-repeats", type=positive_int, default=10)
+    parser.add_argument(
+        "--pooled-fits",
+        action="store_true",
+        help="one fit over all benchmarked layers (default: each layer its own, as seed 000)",
+    )
     parser.add_argument("--force", action="store_true", help="overwrite an existing plan")
     parser.add_argument("--json", action="store_true", help="print the plan as JSON")
 
@@ -101,6 +106,7 @@ def run(args: argparse.Namespace) -> int:
             settings=settings,
             windows=args.windows,
             verify_repeats=args.verify_repeats,
+            per_layer_fits=not args.pooled_fits,
             force=args.force,
             progress=not args.json,
         )

@@ -112,6 +112,14 @@ class OracleDrafter(Drafter):
     re-derives its reference from the emitted context, so acceptance stays geometric at rate a.
     That work happens inside `propose` and is the oracle's, not the draft's of seed 000 (which
     costs nothing): benchmarks count verify time only.
+
+    positional: common random numbers. Each position of the continuation gets one uniform u_p
+    and one replacement shift, drawn once from the seed; the draft at position p is wrong
+    exactly when u_p >= acceptance. Runs with other draft lengths or acceptances on the same
+    seed then see the same flags (a sweep's cells differ only in what they vary), and a
+    position re-proposed after a rejection keeps its flag. Each step's accepted run is still
+    geometric at rate a: the positions after a rejected draft were never verified. Without it,
+    each proposed draft draws a fresh flag.
     """
 
     name = "oracle"
@@ -124,6 +132,7 @@ class OracleDrafter(Drafter):
         vocab_size: int,
         seed: int = 0,
         resync=None,
+        positional: bool = False,
     ):
         if not 0 <= acceptance <= 1:
             raise ValueError(f"oracle acceptance must be in [0, 1], got {acceptance}")
@@ -134,6 +143,13 @@ class OracleDrafter(Drafter):
         self.generator = torch.Generator().manual_seed(seed)
         self.resync = resync
         self.resyncs = 0
+        self.flags = None
+        if positional:
+            size = len(self.reference)
+            self.flags = (
+                torch.rand(size, generator=self.generator).tolist(),
+                torch.randint(1, max(vocab_size, 2), (size,), generator=self.generator).tolist(),
+            )
 
     def _follow(self, context: list[int]) -> None:
         """Re-derive the reference if the emitted context has left it."""
@@ -153,9 +169,14 @@ class OracleDrafter(Drafter):
             if start + i >= len(self.reference):
                 break
             token = self.reference[start + i]
-            corrupt = torch.rand((), generator=self.generator).item() >= self.acceptance
-            if corrupt:
-                shift = int(torch.randint(1, self.vocab_size, (), generator=self.generator))
+            if self.flags is not None:
+                uniform, shift = self.flags[0][start + i], self.flags[1][start + i]
+            else:
+                uniform = torch.rand((), generator=self.generator).item()
+                shift = None
+            if uniform >= self.acceptance:
+                if shift is None:
+                    shift = int(torch.randint(1, self.vocab_size, (), generator=self.generator))
                 token = (token + shift) % self.vocab_size
             tokens.append(token)
         return Draft(tokens)

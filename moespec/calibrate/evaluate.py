@@ -1,0 +1,285 @@
+"""One evaluation harness, one process: whole-model verify times and the speculative sweep,
+interleaved, on the same token stream, then the plan's prediction anchored on this run and
+scored by the six rules of seed 000 Table 8 with the noise floor beside them.
+
+Why one process: the chain (eq. 22) adds layer-time differences to tau_meas(1), and the rules
+compare against runs; when tau(1) comes from another process the machine's drift (tens of
+percent on a shared host) lands in every verify-time error. Here every phase is logged with
+the machine's read bandwidth before and after it.
+
+The stream: each prompt (the start of a held-out test document) is followed by the target's
+greedy continuation of `tokens` tokens; the sweep decodes exactly that continuation (greedy
+speculative output equals plain), and the verify phases time passes of n = 1..9 of its tokens
+on a cache holding the prompt and half of it (depth = the middle of the decoded span).
+
+The sweep (seed 000 §4.3): the oracle draft at acceptance a for k = 0..k_max, each cell
+`prompts` x `repeats` runs of `tokens` tokens, with common random numbers (each run's
+per-position draft flags are shared by every (a, k) cell: `OracleDrafter(positional=True)`),
+cells in a random order within each repeat, and a verify phase before the first repeat and
+after each. The sweep runs with deduplication on (the per-slot kernel at n = 1, where both read
+the same experts) and the prediction scores V_hat(k) = tau_hat_dedup(k + 1) + h(k), as the
+paper does; the oracle costs nothing (h = 0).
+"""
+
+import random
+import statistics
+import time
+from dataclasses import asdict, dataclass
+
+import numpy as np
+import torch
+
+from moespec.calibrate.predict import ACCEPTANCES, anchored_predictions
+from moespec.calibrate.score import noise_floor, score_prediction
+from moespec.calibrate.timing import median_iqr, read_bandwidth
+from moespec.decoding import DraftLengthPolicy, KernelPolicy, OracleDrafter, generate
+from moespec.decoding.setup import greedy_reference
+from moespec.progress import Progress
+
+
+@dataclass
+class EvaluationSettings:
+    """prompts x repeats runs of `tokens` tokens per (a, k) cell; verify passes timed
+    `verify_repeats` times per prompt and phase."""
+
+    prompts: int = 6
+    prompt_tokens: int = 64
+    tokens: int = 256
+    repeats: int = 3
+    max_draft_length: int = 8
+    acceptances: tuple[float, ...] = ACCEPTANCES
+    verify_repeats: int = 3
+    seed: int = 0
+    bandwidth_bytes: int = 1 << 30  # the buffer each read-bandwidth reading sums
+
+    def __post_init__(self):
+        for name in ("prompts", "prompt_tokens", "tokens", "repeats", "verify_repeats"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"evaluation setting {name} must be >= 1")
+        if self.tokens < 2 * (self.max_draft_length + 1):
+            raise ValueError(
+                f"evaluation tokens ({self.tokens}) must be at least twice the largest pass "
+                f"({self.max_draft_length + 1})"
+            )
+
+
+def evaluation_prompts(tokenizer, count: int, prompt_tokens: int) -> list[list[int]]:
+    """The first `prompt_tokens` tokens of `count` held-out test documents (never in the fit
+    part that U(n) and the benchmark windows come from)."""
+    from moespec.calibrate.plan import verify_documents
+    from moespec.routing.record import tokenize_documents
+
+    documents = tokenize_documents(tokenizer, verify_documents(count * 2))
+    prompts = [ids[:prompt_tokens] for _, ids in documents if len(ids) >= prompt_tokens]
+    if len(prompts) < count:
+        raise ValueError(
+            f"the held-out test documents give {len(prompts)} prompts of {prompt_tokens} "
+            f"tokens, {count} asked"
+        )
+    return prompts[:count]
+
+
+def stream_reuse(model, streams: list[list[int]], start: int) -> float:
+    """rho_hat(2) of the decoded spans (tokens from `start` on): the share of a token's experts
+    that the previous token also routed to, layer mean; the plan's trace is judged by it."""
+    from moespec.routing.record import record_routing
+
+    shares = []
+    for doc in record_routing(model, [(str(i), s) for i, s in enumerate(streams)]):
+        ids = np.sort(doc.expert_ids[start:], axis=-1)  # [T, L, m]
+        shared = (ids[:-1, :, :, None] == ids[1:, :, None, :]).any(-1).sum(-1)
+        shares.append(shared.mean() / ids.shape[-1])
+    return float(np.mean(shares))
+
+
+class Evaluation:
+    """The harness; `run()` returns the whole evaluation as a dict (see `evaluate`)."""
+
+    def __init__(self, model, prompts, settings: EvaluationSettings, dedup_kernel="dedup"):
+        self.model, self.prompts, self.settings = model, prompts, settings
+        self.kernels = ("slot", dedup_kernel)
+        self.sweep_kernels = KernelPolicy("auto", crossover=2)  # dedup on (slot at n = 1)
+        self.references = [
+            greedy_reference(model, p, settings.tokens, self.sweep_kernels) for p in prompts
+        ]
+        self.depth_offset = settings.tokens // 2
+        self.verify_samples: dict[tuple[str, int], list[float]] = {}
+        self.phases: list[dict] = []
+        self.diverged = 0  # runs whose output left the plain greedy continuation
+
+    # -- verify times -------------------------------------------------------------------
+    def verify_phase(self, keep: bool = True) -> None:
+        """Time passes of n = 1..k_max+1 tokens of each prompt's continuation, both kernels,
+        interleaved, each on the cache of prompt + half the continuation, rolled back."""
+        s, model = self.settings, self.model
+        sizes = range(1, s.max_draft_length + 2)
+        for prompt, reference in zip(self.prompts, self.references, strict=True):
+            stream = prompt + reference
+            depth = len(prompt) + self.depth_offset
+            cache = model.new_cache(capacity=depth + max(sizes) + 1)
+            model(torch.tensor(stream[:depth]), cache, kernel="dedup")
+            for _ in range(s.verify_repeats):
+                for n in sizes:
+                    for kernel in self.kernels:
+                        batch = torch.tensor(stream[depth : depth + n])
+                        start = time.perf_counter()
+                        model(batch, cache, kernel=kernel, all_logits=True)
+                        elapsed = time.perf_counter() - start
+                        cache.rollback(depth)
+                        if keep:
+                            self.verify_samples.setdefault((kernel, n), []).append(elapsed)
+
+    # -- the sweep ----------------------------------------------------------------------
+    def run_cell(self, acceptance: float, k: int, repeat: int) -> tuple[float, list]:
+        """tokens/s of one (a, k) cell in one repeat, pooled over the prompts (decode tokens
+        over decode seconds without the oracle's), and the verify seconds of its k-steps."""
+        tokens = seconds = 0.0
+        steps = []
+        for index, (prompt, reference) in enumerate(
+            zip(self.prompts, self.references, strict=True)
+        ):
+            drafter = OracleDrafter(
+                reference,
+                len(prompt),
+                acceptance,
+                self.model.config.vocab_size,
+                seed=self.settings.seed * 100_003 + repeat * 1_009 + index,
+                resync=lambda c, n: greedy_reference(self.model, c, n, self.sweep_kernels),
+                positional=True,
+            )
+            records = list(
+                generate(
+                    self.model,
+                    prompt,
+                    max_tokens=self.settings.tokens,
+                    kernels=self.sweep_kernels,
+                    drafter=drafter,
+                    draft_policy=DraftLengthPolicy(k),
+                )
+            )
+            decode = [r for r in records if r.phase == "decode"]
+            emitted = [t for r in records for t in r.tokens]
+            self.diverged += emitted != reference[: len(emitted)]
+            tokens += sum(len(r.tokens) for r in decode)
+            seconds += sum(r.seconds - r.draft_seconds for r in decode)
+            steps += [r.verify_seconds for r in decode if r.drafted == k]
+        return tokens / seconds, steps
+
+    def _phase(self, name: str, fn) -> None:
+        before = read_bandwidth(self.settings.bandwidth_bytes)
+        start = time.perf_counter()
+        fn()
+        self.phases.append(
+            {
+                "phase": name,
+                "seconds": time.perf_counter() - start,
+                "read_bandwidth_before": before,
+                "read_bandwidth_after": read_bandwidth(self.settings.bandwidth_bytes),
+            }
+        )
+
+    def run(self, progress: Progress | None = None) -> dict:
+        s = self.settings
+        progress = progress or Progress(False)
+        cells = [(a, k) for a in s.acceptances for k in range(s.max_draft_length + 1)]
+        rates = {cell: [] for cell in cells}
+        step_samples = {k: [] for k in range(s.max_draft_length + 1)}
+        order = random.Random(s.seed)
+        # warm-up, alike for every arm: one verify phase and one short run per k, discarded
+        self.verify_phase(keep=False)
+        for k in range(s.max_draft_length + 1):
+            self.run_cell(0.9, k, repeat=-1)
+        progress.start("evaluating: verify phases and the sweep", total=s.repeats * len(cells))
+        self._phase("verify 0", self.verify_phase)
+        for repeat in range(s.repeats):
+            shuffled = order.sample(cells, len(cells))
+
+            def sweep(shuffled=shuffled, repeat=repeat):
+                for a, k in shuffled:
+                    rate, steps = self.run_cell(a, k, repeat)
+                    rates[a, k].append(rate)
+                    step_samples[k] += steps
+                    progress.advance()
+
+            self._phase(f"sweep {repeat}", sweep)
+            self._phase(f"verify {repeat + 1}", self.verify_phase)
+        return self._results(rates, step_samples)
+
+    def _results(self, rates, step_samples) -> dict:
+        s = self.settings
+        by_acceptance = {}
+        for a in s.acceptances:
+            medians = {k: statistics.median(rates[a, k]) for k in range(s.max_draft_length + 1)}
+            best = max(medians, key=lambda k: (medians[k], -k))
+            by_acceptance[str(a)] = {
+                "tokens_per_second": medians,
+                "runs": {k: rates[a, k] for k in medians},
+                "speedup": {k: medians[k] / medians[0] for k in medians},
+                "measured_best": best,
+                "measured_best_speedup": medians[best] / medians[0],
+            }
+        records = []
+        for (kernel, n), values in sorted(self.verify_samples.items(), key=lambda x: x[0][::-1]):
+            median, iqr = median_iqr(values)
+            records.append(
+                {"kernel": kernel, "n_tokens": n, "seconds": values, "median": median, "iqr": iqr}
+            )
+        return {
+            "sweep": {
+                "by_acceptance": by_acceptance,
+                "step_times": [statistics.median(step_samples[k]) for k in sorted(step_samples)],
+            },
+            "verify_records": records,
+            "phases": self.phases,
+            "runs_off_the_greedy_continuation": self.diverged,
+        }
+
+
+def evaluate(plan: dict, model, tokenizer, settings: EvaluationSettings, progress=None) -> dict:
+    """Run the harness for a plan made for `model`; anchor each of the plan's versions on this
+    run's tau_meas(1) and score it; the noise floor (k* from the sweep's own V(k)) beside.
+
+    Returns settings, stream (depth, the decoded span's rho_hat(2) beside the plan's), sweep,
+    verify_records, phases (read bandwidth before and after each), anchor, versions
+    {name: {prediction, score}} and noise_floor."""
+    if "chain" not in plan:
+        raise ValueError("the plan has no prediction chain (made by an older moespec): remake it")
+    dedup = plan["kernel"]["dedup_kernel"]
+    prompts = evaluation_prompts(tokenizer, settings.prompts, settings.prompt_tokens)
+    harness = Evaluation(model, prompts, settings, dedup)
+    results = harness.run(progress)
+    plain = statistics.median(harness.verify_samples["slot", 1])
+    draft_time = np.zeros(settings.max_draft_length + 1)  # the oracle costs nothing
+    versions = anchored_predictions(
+        plan["chain"],
+        plain,
+        bandwidth_error=plan["bandwidth_error"],
+        draft_time=draft_time,
+        dedup_kernel=dedup,
+        step_kernel=dedup,
+    )
+    scored = {}
+    for name, prediction in versions.items():
+        rules = score_prediction(
+            prediction, results["verify_records"], results["sweep"], step_kernel=dedup
+        )
+        scored[name] = {
+            "prediction": prediction.to_dict(),
+            "score": {rule: {"holds": bool(h), "detail": d} for rule, (h, d) in rules.items()},
+        }
+    floor = noise_floor(results["sweep"])
+    streams = [p + r for p, r in zip(prompts, harness.references, strict=True)]
+    plan_reuse = plan.get("routing", {}).get("reuse_mean")
+    return {
+        "settings": asdict(settings),
+        "stream": {
+            "prompts": len(prompts),
+            "depth": [len(p) + harness.depth_offset for p in prompts],
+            "decoded_reuse2": stream_reuse(model, streams, settings.prompt_tokens),
+            "plan_reuse2": plan_reuse[1] if plan_reuse and len(plan_reuse) > 1 else None,
+        },
+        **results,
+        "anchor": {"plain_time": plain, "plan_plain_time": plan["measured_verify"]["slot"][0]},
+        "versions": scored,
+        "noise_floor": {rule: {"holds": bool(h), "detail": d} for rule, (h, d) in floor.items()},
+    }

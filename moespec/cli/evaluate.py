@@ -1,0 +1,102 @@
+"""Score a plan on this machine in one process: whole-model verify times of both kernels and the
+oracle-draft sweep (k = 0..8 x 11 acceptances), interleaved on the same token stream; the
+plan's prediction anchored on this run's tau(1); seed 000's six Table-8 rules for each of its
+versions, with the noise floor (the rules for k* taken from the sweep's own measured V(k)).
+
+    moespec plan --out plan-dir
+    moespec evaluate plan-dir --out plan-dir/evaluation.json
+"""
+
+import argparse
+import json
+from pathlib import Path
+
+from moespec.cli.options import checkpoint_dir, positive_int
+
+HELP = "score a plan: verify times and the speculative sweep, interleaved in one process"
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("plan", metavar="PLAN", help="plan directory or plan.json")
+    parser.add_argument(
+        "--model", metavar="DIR", type=checkpoint_dir, help="checkpoint (default: the plan's)"
+    )
+    parser.add_argument("--prompts", type=positive_int, default=6, help="held-out prompts")
+    parser.add_argument("--prompt-tokens", type=positive_int, default=64)
+    parser.add_argument("--tokens", type=positive_int, default=256, help="tokens per run")
+    parser.add_argument("--repeats", type=positive_int, default=3, help="runs per prompt and cell")
+    parser.add_argument("--verify-repeats", type=positive_int, default=3)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--out", metavar="FILE.json", required=True)
+    parser.add_argument("--force", action="store_true", help="overwrite an existing --out")
+    parser.add_argument("--json", action="store_true", help="print the evaluation as JSON")
+
+
+def plan_model_dir(plan: dict, path: Path) -> Path:
+    """The checkpoint a plan was made for: the demo pair by name, else its recorded path."""
+    from moespec.demo import DEMO_DIR
+
+    recorded = plan.get("model_dir") or ""
+    if recorded.startswith("moespec/demo/"):
+        return Path(DEMO_DIR) / recorded.removeprefix("moespec/demo/")
+    if recorded and Path(recorded).is_dir():
+        return Path(recorded)
+    raise ValueError(f"{path}: its model {recorded!r} is not here; pass --model DIR")
+
+
+def run(args: argparse.Namespace) -> int:
+    from moespec.calibrate.evaluate import EvaluationSettings, evaluate
+    from moespec.calibrate.plan import load_plan
+    from moespec.files import check_writable, write_json
+    from moespec.models import load_model
+    from moespec.progress import Progress, show_progress
+
+    check_writable(args.out, force=args.force)
+    path = Path(args.plan)
+    path = path / "plan.json" if path.is_dir() else path
+    plan = load_plan(path)
+    settings = EvaluationSettings(
+        prompts=args.prompts,
+        prompt_tokens=args.prompt_tokens,
+        tokens=args.tokens,
+        repeats=args.repeats,
+        verify_repeats=args.verify_repeats,
+        max_draft_length=len(plan["verify_time"]) - 1,
+        seed=args.seed,
+    )
+    model_dir = Path(args.model) if args.model else plan_model_dir(plan, path)
+    model, tokenizer = load_model(model_dir, dtype=plan.get("dtype", "bf16"))
+    load_plan(path, model.config)  # the plan must be this model's
+    with Progress(show_progress(quiet=args.json)) as progress:
+        result = evaluate(plan, model, tokenizer, settings, progress)
+    result["plan"] = str(path)
+    write_json(args.out, result, force=args.force)
+    if args.json:
+        print(json.dumps(result))
+        return 0
+    print(scorecard(result))
+    return 0
+
+
+def scorecard(result: dict) -> str:
+    """The six rules per version, the noise floor beside the two it applies to."""
+    versions = list(result["versions"])
+    rules = list(result["versions"][versions[0]]["score"])
+    floor = result["noise_floor"]
+    width = max(len(r) for r in rules)
+    lines = [f"{'rule':<{width}}  " + "  ".join(f"{v:<22}" for v in versions) + "  noise floor"]
+    for rule in rules:
+        cells = []
+        for version in versions:
+            entry = result["versions"][version]["score"][rule]
+            cells.append(f"{'holds' if entry['holds'] else 'fails'} ({entry['detail']})")
+        noise = floor.get(rule)
+        tail = f"{'holds' if noise['holds'] else 'fails'} ({noise['detail']})" if noise else "-"
+        lines.append(f"{rule:<{width}}  " + "  ".join(f"{c:<22}" for c in cells) + f"  {tail}")
+    anchor = result["anchor"]
+    lines.append(
+        f"anchor tau(1) = {anchor['plain_time'] * 1e3:.3f} ms here, "
+        f"{anchor['plan_plain_time'] * 1e3:.3f} ms in the plan's run; decoded-span rho(2) "
+        f"{result['stream']['decoded_reuse2']:.3f}"
+    )
+    return "\n".join(lines)
