@@ -1,10 +1,11 @@
-"""The seed-000 Table 3/4 analogue for our engine, from plan, verify and sweep result files.
+"""The seed-000 Table 3/4 analogue for our engine, from scorecard folders.
 
     python benchmarks/plan_table.py benchmarks/results/plans/demo-bf16 ...
 
-Each folder holds plan.json (`moespec plan`), verify.json (`moespec measure-verify --out`),
-sweep.json (speculative_sweep.py) and score.json (score_plan.py). Prints one Markdown row per
-folder and prediction version.
+Each folder holds plan.json (`moespec plan`) and evaluation.json (`moespec evaluate` or
+benchmarks/scorecard.py). Prints one Markdown row per folder and prediction version: the
+crossover predicted / measured, the verify-time error per kernel (n >= 2), k* within one, the
+largest throughput loss, epsilon, the rules held, and the noise floor of the two sweep rules.
 """
 
 import argparse
@@ -13,47 +14,39 @@ import statistics
 import sys
 from pathlib import Path
 
-from moespec.calibrate.score import measured_crossover, rule_best_draft_length
+from moespec.calibrate.score import measured_crossover
+
+
+def verify_error(predicted: list[float], measured: list[float]) -> float:
+    return max(
+        abs(p - m) / m
+        for n, (p, m) in enumerate(zip(predicted, measured, strict=True), 1)
+        if n >= 2
+    )
 
 
 def row(folder: Path) -> list[str]:
     plan = json.loads((folder / "plan.json").read_text())
-    verify = json.loads((folder / "verify.json").read_text())["records"]
-    sweep = json.loads((folder / "sweep.json").read_text())["by_acceptance"]
-    score = json.loads((folder / "score.json").read_text())
+    evaluation = json.loads((folder / "evaluation.json").read_text())
     dedup = plan["kernel"]["dedup_kernel"]
-    max_n = len(plan["predictions"]["calibrated"]["saving"])
-    measured = {
-        k: [
-            statistics.median(r["seconds"])
-            for r in sorted((r for r in verify if r["kernel"] == k), key=lambda r: r["n_tokens"])
-        ]
-        for k in ("slot", dedup)
-    }
+    by_kernel = {}
+    for r in evaluation["verify_records"]:
+        by_kernel.setdefault(r["kernel"], {})[r["n_tokens"]] = statistics.median(r["seconds"])
+    measured = {k: [v[n] for n in sorted(v)] for k, v in by_kernel.items()}
     crossover = measured_crossover(measured["slot"], measured[dedup])
-    r = plan["bandwidth_ratio"][dedup]
-    u = plan["routing"]["byte_share"]
-    big = min(8, max_n)
+    floor = evaluation["noise_floor"]
+    noise = " / ".join(floor[rule]["detail"] for rule in floor)
     lines = []
-    for version, rules in score.items():
-        prediction = plan["predictions"][version]
-        error = max(
-            abs(p - m) / m
-            for k in ("slot", dedup)
-            for n, (p, m) in enumerate(
-                zip(prediction["verify_time"][k], measured[k], strict=True), 1
-            )
-            if n >= 2
-        )
-        (_, within), (_, lost) = rule_best_draft_length(
-            prediction["staircase"]["step_times"], sweep
-        )
+    for version, entry in evaluation["versions"].items():
+        prediction, rules = entry["prediction"], entry["score"]
+        errors = [verify_error(prediction["verify_time"][k], measured[k]) for k in ("slot", dedup)]
         holds = sum(rule["holds"] for rule in rules.values())
         lines.append(
             f"| {folder.name} | {version} | {prediction['crossover']} / {crossover} | "
-            f"{r['2']:.2f} / {u[1]:.2f} | {r[str(big)]:.2f} / {u[big - 1]:.2f} | "
-            f"{error:.1%} | {within} | {lost} | {plan['bandwidth_error']:.3f} | "
-            f"{holds} of {len(rules)} |"
+            f"{errors[0]:.1%} / {errors[1]:.1%} | "
+            f"{rules['k* within one at >= 9 of 11']['detail']} | "
+            f"{rules['throughput lost <= 6%']['detail']} | {plan['bandwidth_error']:.3f} | "
+            f"{holds} of {len(rules)} | {noise} |"
         )
     return lines
 
@@ -63,10 +56,10 @@ def main(argv=None) -> int:
     parser.add_argument("folders", nargs="+", type=Path)
     args = parser.parse_args(argv)
     print(
-        "| config | version | crossover pred / meas | r(2) / u(2) | r(8) / u(8) | "
-        "verify-time error | k* within one | largest loss | epsilon | Table-8 rules |"
+        "| config | version | crossover pred / meas | verify-time error slot / dedup | "
+        "k* within one | largest loss | epsilon | Table-8 rules | noise floor (k*, loss) |"
     )
-    print("|---|---|---|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|---|")
     for folder in args.folders:
         print("\n".join(row(folder)))
     return 0

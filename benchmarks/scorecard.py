@@ -1,0 +1,79 @@
+"""The seed-000 scorecard for one configuration: plan, then the one-process evaluation.
+
+    python benchmarks/scorecard.py demo-bf16 --out benchmarks/results/plans/demo-bf16
+    python benchmarks/scorecard.py olmoe4L-bf16 --out benchmarks/results/plans/olmoe4L-bf16
+    python benchmarks/plan_table.py benchmarks/results/plans/*/
+
+Makes the plan (`moespec plan`: benchmark, fits per layer, chain; resumed from bench.jsonl if
+interrupted) unless OUT/plan.json exists, then runs `moespec evaluate` on it in this process:
+verify phases and the oracle sweep interleaved on held-out text, the chain anchored on this
+run's tau(1), the six rules per version and the noise floor. Writes OUT/evaluation.json with
+the machine, versions and settings.
+"""
+
+import argparse
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from common import machine, random_checkpoint  # noqa: E402
+
+from moespec.calibrate.evaluate import EvaluationSettings, evaluate  # noqa: E402
+from moespec.calibrate.plan import load_plan, make_plan  # noqa: E402
+from moespec.cli.evaluate import scorecard  # noqa: E402
+from moespec.demo import demo_paths  # noqa: E402
+from moespec.files import check_writable, write_json  # noqa: E402
+from moespec.models import load_model  # noqa: E402
+from moespec.progress import Progress  # noqa: E402
+
+CONFIGS = {  # name: (checkpoint, dtype)
+    "demo-bf16": ("demo", "bf16"),
+    "olmoe4L-bf16": ("olmoe", "bf16"),
+    "olmoe4L-fp32": ("olmoe", "fp32"),
+}
+
+
+def checkpoint(kind: str, cache_dir: Path) -> Path:
+    if kind == "demo":
+        return demo_paths()[0]
+    cache_dir.mkdir(parents=True, exist_ok=True)
+    return random_checkpoint(kind, cache_dir)
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("config", choices=sorted(CONFIGS))
+    parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--prompts", type=int, default=6)
+    parser.add_argument("--tokens", type=int, default=256)
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--verify-repeats", type=int, default=3)
+    parser.add_argument("--cache-dir", type=Path, default=Path("benchmarks/checkpoints"))
+    parser.add_argument("--force", action="store_true", help="overwrite evaluation.json")
+    args = parser.parse_args(argv)
+    kind, dtype = CONFIGS[args.config]
+    model_dir = checkpoint(kind, args.cache_dir)
+    out = args.out / "evaluation.json"
+    check_writable(out, force=args.force)
+    if not (args.out / "plan.json").exists():
+        make_plan(args.out, model_dir=model_dir, dtype=dtype)
+    plan = load_plan(args.out / "plan.json")
+    model, tokenizer = load_model(model_dir, dtype=dtype)
+    load_plan(args.out / "plan.json", model.config)
+    settings = EvaluationSettings(
+        prompts=args.prompts,
+        tokens=args.tokens,
+        repeats=args.repeats,
+        verify_repeats=args.verify_repeats,
+        max_draft_length=len(plan["verify_time"]) - 1,
+    )
+    with Progress(True) as progress:
+        result = evaluate(plan, model, tokenizer, settings, progress)
+    result.update(benchmark="scorecard", config=args.config, machine=machine())
+    write_json(out, result, force=args.force)
+    print(scorecard(result))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
