@@ -14,15 +14,16 @@ import sys
 from pathlib import Path
 
 from moespec.calibrate.score import measured_crossover, rule_best_draft_length
+from moespec.plan import load_plan
 
 
 def row(folder: Path) -> list[str]:
-    plan = json.loads((folder / "plan.json").read_text())
+    plan = load_plan(folder / "plan.json")
     verify = json.loads((folder / "verify.json").read_text())["records"]
     sweep = json.loads((folder / "sweep.json").read_text())["by_acceptance"]
     score = json.loads((folder / "score.json").read_text())
-    dedup = plan["kernel"]["dedup_kernel"]
-    max_n = len(plan["predictions"]["calibrated"]["saving"])
+    dedup = plan.kernel.dedup_kernel
+    max_n = len(plan.predictions["calibrated"].saving)
     measured = {
         k: [
             statistics.median(r["seconds"])
@@ -31,28 +32,24 @@ def row(folder: Path) -> list[str]:
         for k in ("slot", dedup)
     }
     crossover = measured_crossover(measured["slot"], measured[dedup])
-    r = plan["bandwidth_ratio"][dedup]
-    u = plan["routing"]["byte_share"]
+    r = plan.bandwidth_ratio[dedup]
+    u = plan.routing.byte_share
     big = min(8, max_n)
     lines = []
     for version, rules in score.items():
-        prediction = plan["predictions"][version]
+        prediction = plan.predictions[version]
         error = max(
             abs(p - m) / m
             for k in ("slot", dedup)
-            for n, (p, m) in enumerate(
-                zip(prediction["verify_time"][k], measured[k], strict=True), 1
-            )
+            for n, (p, m) in enumerate(zip(prediction.verify_time[k], measured[k], strict=True), 1)
             if n >= 2
         )
-        (_, within), (_, lost) = rule_best_draft_length(
-            prediction["staircase"]["step_times"], sweep
-        )
+        (_, within), (_, lost) = rule_best_draft_length(prediction.staircase.step_times, sweep)
         holds = sum(rule["holds"] for rule in rules.values())
         lines.append(
-            f"| {folder.name} | {version} | {prediction['crossover']} / {crossover} | "
-            f"{r['2']:.2f} / {u[1]:.2f} | {r[str(big)]:.2f} / {u[big - 1]:.2f} | "
-            f"{error:.1%} | {within} | {lost} | {plan['bandwidth_error']:.3f} | "
+            f"| {folder.name} | {version} | {prediction.crossover} / {crossover} | "
+            f"{r[2]:.2f} / {u[1]:.2f} | {r[big]:.2f} / {u[big - 1]:.2f} | "
+            f"{error:.1%} | {within} | {lost} | {plan.bandwidth_error:.3f} | "
             f"{holds} of {len(rules)} |"
         )
     return lines

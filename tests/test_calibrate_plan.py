@@ -6,10 +6,11 @@ import numpy as np
 import pytest
 
 from moespec.calibrate.bench import BenchSettings, ExpertOpBenchmark, load_raw
-from moespec.calibrate.plan import load_plan, make_plan
+from moespec.calibrate.plan import make_plan
 from moespec.calibrate.predict import Prediction, outside_growth, verify_times
 from moespec.cli import main
 from moespec.kernels import ExpertWeights
+from moespec.plan import load_plan
 
 
 def test_chain_22_equals_hand_computation():
@@ -110,9 +111,9 @@ def test_plan_writes_a_complete_plan_and_report(plan_dir):
 
     out, model_dir = plan_dir
     plan = load_plan(out / "plan.json", load_config(model_dir))
-    assert len(plan["verify_time"]) == 4 and len(plan["step_times"]) == 4
-    assert set(plan["predictions"]) == {"prediction", "measured_time", "calibrated"}
-    assert plan["fits"]["slot"]["passes"] > 0 and plan["bandwidth_error"] >= 0
+    assert len(plan.verify_time) == 4 and len(plan.step_times) == 4
+    assert set(plan.predictions) == {"prediction", "measured_time", "calibrated"}
+    assert plan.fits["slot"].passes > 0 and plan.bandwidth_error >= 0
     written = write_report(plan, out)
     assert all(p.exists() for p in written)
     assert "Kernel switch" in (out / "report.md").read_text()

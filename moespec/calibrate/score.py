@@ -16,6 +16,7 @@ best speedup inside bound (21), which needs delta < 1 (at delta >= 1 the rule fa
 import numpy as np
 
 from moespec.costmodel import best_draft_length, crossover, speedup
+from moespec.plan import Plan
 
 CROSSOVER_WITHIN = 1
 BEST_DRAFT_WITHIN = 1
@@ -114,30 +115,30 @@ def step_time_error_of(predicted_steps, measured_steps) -> float:
     return max(abs(p - m) / m for p, m in zip(predicted_steps, measured_steps, strict=True))
 
 
-def score(plan: dict, verify_records: list[dict], sweep: dict, version: str = "calibrated"):
+def score(plan: Plan, verify_records: list[dict], sweep: dict, version: str = "calibrated"):
     """{rule: (holds, detail)} for one prediction version of a plan."""
-    prediction = plan["predictions"][version]
-    dedup = plan["kernel"]["dedup_kernel"]
-    max_n = len(prediction["saving"])
+    prediction = plan.predictions[version]
+    dedup = plan.kernel.dedup_kernel
+    max_n = len(prediction.saving)
     samples = {(r["kernel"], r["n_tokens"]): r["seconds"] for r in verify_records}
     measured = {
         k: [float(np.median(samples[(k, n)])) for n in range(1, max_n + 1)] for k in ("slot", dedup)
     }
-    steps = prediction["staircase"]["step_times"]
+    steps = prediction.staircase.step_times
     measured_cross = measured_crossover(measured["slot"], measured[dedup])
     k_rule, loss_rule = rule_best_draft_length(steps, sweep["by_acceptance"])
     measured_steps = [
         measured[dedup if measured_cross and n >= measured_cross else "slot"][n - 1]
-        + plan["draft_time"][n - 1]
+        + plan.draft_time[n - 1]
         for n in range(1, max_n + 1)
     ]
     delta = step_time_error_of(steps, measured_steps)
     return {
-        "crossover within one": rule_crossover(prediction["crossover"], measured_cross, max_n),
+        "crossover within one": rule_crossover(prediction.crossover, measured_cross, max_n),
         "k* within one at >= 9 of 11": k_rule,
         "throughput lost <= 6%": loss_rule,
-        "sign of S(n)": rule_sign(prediction["saving"], samples, dedup),
-        "verify time within 15%": rule_verify_time(prediction["verify_time"], measured),
+        "sign of S(n)": rule_sign(prediction.saving, samples, dedup),
+        "verify time within 15%": rule_verify_time(prediction.verify_time, measured),
         "best speedup inside (21)": rule_speedup(steps, sweep["by_acceptance"], delta),
     }
 

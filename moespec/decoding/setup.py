@@ -17,6 +17,7 @@ from moespec.decoding.kernel_policy import KernelPolicy
 from moespec.decoding.sampling import Sampler
 from moespec.decoding.speculation import Option, Speculation
 from moespec.models import Tokenizer, Transformer, load_model
+from moespec.plan import Plan
 
 SPECS = "auto, auto:DIR, oracle:A, lookup, none"
 
@@ -108,7 +109,7 @@ def speculation_factory(
     *,
     draft_length: int | str = "auto",
     max_draft_length: int = 8,
-    plan: dict | None = None,
+    plan: Plan | None = None,
     **settings,
 ) -> Callable[[], Speculation]:
     """A function giving fresh speculation state (drafter caches, estimates, step times) per
@@ -117,7 +118,7 @@ def speculation_factory(
     spec: "auto" chooses per step among prompt lookup and none; "auto:DIR" adds the draft
     model DIR; anything else is that drafter alone (`drafter_factory`, whose settings the
     others are). plan: a plan (`moespec plan`) whose verify times give every drafter's tau(n),
-    and whose draft times give h(k) of the draft it measured (`plan["draft_dir"]`).
+    and whose draft times give h(k) of the draft it measured (`plan.draft_dir`).
     """
     if spec == "auto" or spec.startswith("auto:"):
         model_dir = spec.partition(":")[2] or None
@@ -148,21 +149,7 @@ def draft_length_policy(
         return DraftLengthPolicy(
             draft_length, max_draft_length=max_draft_length, measured_verify=measured_verify
         )
-    from moespec.demo import describe
-
-    planned = plan.get("draft_dir")
-    same_draft = (
-        planned is not None
-        and draft_dir is not None
-        and (describe(draft_dir) == planned or Path(draft_dir).resolve() == Path(planned).resolve())
-    )
-    return DraftLengthPolicy(
-        draft_length,
-        max_draft_length=max_draft_length,
-        verify_times=plan["verify_time"],
-        draft_times=plan["draft_time"] if same_draft else None,
-        measured_verify=measured_verify,
-    )
+    return plan.draft_policy(draft_dir, draft_length, max_draft_length, measured_verify)
 
 
 def draft_name(spec: str | None) -> str | None:
