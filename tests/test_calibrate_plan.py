@@ -4,6 +4,7 @@ import json
 
 import numpy as np
 import pytest
+import torch
 
 from moespec.calibrate.bench import BenchSettings, ExpertOpBenchmark, load_raw
 from moespec.calibrate.plan import make_plan
@@ -114,6 +115,8 @@ def test_plan_writes_a_complete_plan_and_report(plan_dir):
     assert len(plan.verify_time) == 4 and len(plan.step_times) == 4
     assert set(plan.predictions) == {"prediction", "measured_time", "calibrated"}
     assert plan.fits["slot"].passes > 0 and plan.bandwidth_error >= 0
+    assert plan.provenance.device == "cpu" and plan.provenance.settings["depth"] == 32
+    assert plan.provenance.cpu_capability == torch.backends.cpu.get_cpu_capability()
     written = write_report(plan, out)
     assert all(p.exists() for p in written)
     assert "Kernel switch" in (out / "report.md").read_text()

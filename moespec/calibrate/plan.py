@@ -19,7 +19,6 @@ from pathlib import Path
 import numpy as np
 import torch
 
-import moespec
 from moespec.calibrate.bench import BenchSettings, ExpertOpBenchmark
 from moespec.calibrate.fits import DedupFit, SlotFit, effective_bandwidths
 from moespec.calibrate.ids import recorded_windows
@@ -52,6 +51,7 @@ from moespec.plan import (
     typed,
 )
 from moespec.progress import Progress, using
+from moespec.provenance import provenance
 from moespec.routing.reuse import (
     check_not_degenerate,
     document_part,
@@ -242,7 +242,14 @@ def plan_chain(
         model_dir=describe(model_dir),
         draft_dir=describe(draft_dir) if draft_dir else None,
         dtype=dtype,
-        provenance=plan_provenance(next(iter(experts.values()))),
+        provenance=plan_provenance(
+            next(iter(experts.values())),
+            {
+                "trace": describe(trace_path) if trace_path else None,
+                "depth": depth,
+                "verify_repeats": verify_repeats,
+            },
+        ),
         bench=bench_run(settings, layers, windows),
         read_bandwidth=read_bandwidth(),
         fits=measured.fit_summaries(),
@@ -377,13 +384,11 @@ def choose_version(versions, measured: Measured, whole_times, draft_time):
     )
 
 
-def plan_provenance(experts: ExpertWeights) -> Provenance:
-    """Where the benchmark ran: the device of the experts it timed (packed: the CPU's)."""
-    return Provenance(
-        device="cpu" if experts.is_packed else str(experts.gate_up.device),
-        threads=torch.get_num_threads(),
-        versions={"moespec": moespec.__version__, "torch": torch.__version__},
-    )
+def plan_provenance(experts: ExpertWeights, settings: dict) -> Provenance:
+    """Where the benchmark ran (the device of the experts it timed; packed: the CPU's), on
+    what, from which commit, with which settings of the chain."""
+    device = "cpu" if experts.is_packed else str(experts.gate_up.device)
+    return Provenance(**provenance(device, settings))
 
 
 def random_experts(shape, dtype: torch.dtype, seed: int = 0) -> ExpertWeights:
@@ -443,7 +448,7 @@ def shape_plan_chain(
     plan = ShapePlan(
         shape=asdict(shape),
         dtype=dtype,
-        provenance=plan_provenance(experts),
+        provenance=plan_provenance(experts, {"reuse2": target, "tokens": tokens}),
         bench=bench_run(settings, [layer], windows),
         read_bandwidth=read_bandwidth(),
         fits=measured.fit_summaries(),

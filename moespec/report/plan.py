@@ -128,7 +128,8 @@ def markdown(plan: Plan) -> str:
         "",
         f"Made by moespec {made.versions['moespec']} (torch {made.versions['torch']}, "
         f"{made.threads} threads) in {plan.seconds:.0f} s. Machine read bandwidth "
-        f"{plan.read_bandwidth / 1e9:.1f} GB/s.",
+        f"{plan.read_bandwidth / 1e9:.1f} GB/s. CPU capability {made.cpu_capability or '-'}; "
+        f"commit {made.commit or '-'}.",
         "",
         f"**Kernel switch**: per-slot below n = {plan.kernel.crossover}, {dedup} from it."
         if plan.kernel.crossover
