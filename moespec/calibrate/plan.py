@@ -33,6 +33,7 @@ from moespec.calibrate.timing import read_bandwidth
 from moespec.calibrate.verify import measure_draft_time, measure_verify, verify_table
 from moespec.costmodel import crossover
 from moespec.demo import describe
+from moespec.errors import SettingError, setting
 from moespec.files import OutputExistsError, output_directory
 from moespec.kernels import ExpertWeights
 from moespec.plan import (
@@ -176,7 +177,7 @@ def bench_run(settings: BenchSettings, layers: list[int], windows: int) -> Bench
 
 def refuse_existing(plan_path: Path, force: bool) -> None:
     if plan_path.exists() and not force:
-        raise OutputExistsError(f"{plan_path} already exists (pass --force to overwrite it)")
+        raise OutputExistsError(plan_path)
 
 
 def make_plan(out_dir: Path, *, progress: Progress | bool = True, **options) -> Plan:
@@ -431,7 +432,7 @@ def shape_plan_chain(
     shape = get_shape(shape_name)
     target = reuse2 if reuse2 is not None else shape.published_reuse2
     if target is None:
-        raise ValueError(f"shape {shape_name} has no published rho(2); pass --reuse2")
+        raise SettingError(f"shape {shape_name} has no published rho(2); pass {setting('reuse2')}")
     refuse_existing(out_dir / "plan.json", force)
     process, trace = shape_trace(shape, target, tokens, settings.seed, progress)
     layer = 0

@@ -16,6 +16,7 @@ from moespec.decoding.generate import generate
 from moespec.decoding.kernel_policy import KernelPolicy
 from moespec.decoding.sampling import Sampler
 from moespec.decoding.speculation import Option, Speculation
+from moespec.errors import SettingError, setting
 from moespec.models import Tokenizer, Transformer, load_model
 from moespec.plan import Plan
 
@@ -41,11 +42,11 @@ def parse_oracle(spec: str) -> float:
     try:
         acceptance = float(text)
     except ValueError:
-        raise ValueError(
-            f"--draft {spec!r}: write oracle:A with A the acceptance, e.g. oracle:0.8"
+        raise SettingError(
+            f"{setting('draft', spec)}: write oracle:A with A the acceptance, e.g. oracle:0.8"
         ) from None
     if not 0 <= acceptance <= 1:
-        raise ValueError(f"--draft {spec!r}: the oracle's acceptance must be in [0, 1]")
+        raise SettingError(f"{setting('draft', spec)}: the oracle's acceptance must be in [0, 1]")
     return acceptance
 
 
@@ -53,7 +54,9 @@ def load_draft_model(spec: str, tokenizer: Tokenizer, dtype) -> Transformer:
     """The draft checkpoint at `spec`, which must share the target's tokenizer."""
     path = Path(spec)
     if not path.is_dir():
-        raise ValueError(f"--draft {spec!r} is neither a checkpoint directory nor one of {SPECS}")
+        raise SettingError(
+            f"{setting('draft', spec)} is neither a checkpoint directory nor one of {SPECS}"
+        )
     draft_model, draft_tokenizer = load_model(path, dtype=dtype)
     check_same_tokenizer(tokenizer, draft_tokenizer, path)
     return draft_model
@@ -80,7 +83,9 @@ def drafter_factory(
     if spec.startswith("oracle"):
         acceptance = parse_oracle(spec)
         if not sampler.greedy:
-            raise ValueError("--draft oracle needs greedy decoding (--temperature 0)")
+            raise SettingError(
+                f"{setting('draft', 'oracle')} needs greedy decoding ({setting('temperature', 0)})"
+            )
         if reference is None:
             reference = greedy_reference(
                 target, prompt, max_tokens, None, target.config.eos_token_ids
