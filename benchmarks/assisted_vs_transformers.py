@@ -19,13 +19,12 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import machine  # noqa: E402
-
 from moespec.decoding import DraftLengthPolicy, KernelPolicy, ModelDrafter, Sampler  # noqa: E402
 from moespec.decoding import generate as moespec_generate  # noqa: E402
 from moespec.demo import describe  # noqa: E402
 from moespec.files import write_json  # noqa: E402
 from moespec.models import load_model  # noqa: E402
+from moespec.provenance import provenance  # noqa: E402
 
 PROMPTS = [
     "def fibonacci(n):",
@@ -148,7 +147,7 @@ def main(argv=None) -> int:
     )
     report = {
         "benchmark": "assisted_vs_transformers",
-        "machine": machine(),
+        "provenance": provenance(),
         "settings": {
             "target": describe(args.target),
             "draft": describe(args.draft),

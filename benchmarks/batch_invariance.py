@@ -19,8 +19,6 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import machine  # noqa: E402
-
 from moespec.calibrate.plan import verify_documents  # noqa: E402
 from moespec.decoding import (  # noqa: E402
     DraftLengthPolicy,
@@ -33,6 +31,7 @@ from moespec.decoding.setup import speculation_factory  # noqa: E402
 from moespec.demo import demo_paths  # noqa: E402
 from moespec.files import check_writable, write_json  # noqa: E402
 from moespec.models import load_model  # noqa: E402
+from moespec.provenance import provenance  # noqa: E402
 
 MODES = ("plain", "model:4", "model:8", "auto")
 
@@ -127,7 +126,7 @@ def main(argv=None) -> int:
             }
         result = {
             "benchmark": "batch_invariance",
-            "machine": machine(),
+            "provenance": provenance(),
             "settings": {**vars(args), "dtype": "bf16", "greedy": True, "modes": MODES},
             "prompts": [d.name for d in documents],
             "rounds_done": r + 1,

@@ -13,12 +13,11 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import machine  # noqa: E402
-
 from moespec.files import check_writable, write_json
 from moespec.offload import get_profile
 from moespec.offload.sim.calibration import gate
 from moespec.offload.sim.workload import synthetic_workload
+from moespec.provenance import provenance  # noqa: E402
 
 
 def main() -> int:
@@ -56,7 +55,7 @@ def main() -> int:
             "profile": profile.to_dict(),
             **result,
             "wall_seconds": seconds,
-            "machine": machine(),
+            "provenance": provenance(),
         },
         force=args.force,
     )

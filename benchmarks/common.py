@@ -1,14 +1,9 @@
-"""Shared by the benchmark scripts: machine and version facts, random checkpoints of real shapes."""
+"""Shared by the benchmark scripts: random checkpoints of real shapes (machine and version
+facts: `moespec.provenance`)."""
 
-import contextlib
-import os
-import platform
-import subprocess
 from pathlib import Path
 
 import torch
-
-import moespec
 
 # Random-weight shapes (time does not depend on the values). Expert shapes are the real models';
 # `layers` is cut so the checkpoint fits a few GB.
@@ -36,42 +31,6 @@ SHAPES = {
         "num_hidden_layers": 4,
     },
 }
-
-
-def machine() -> dict:
-    """What the numbers were measured on."""
-    cpu = platform.processor()
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    info = {
-        "platform": platform.platform(),
-        "cpu": cpu,
-        "cpu_count": os.cpu_count(),
-        "torch_threads": torch.get_num_threads(),
-        "python": platform.python_version(),
-        "torch": torch.__version__,
-        "moespec": moespec.__version__,
-    }
-    try:
-        import transformers
-
-        info["transformers"] = transformers.__version__
-    except ImportError:
-        pass
-    with contextlib.suppress(OSError):
-        info["git_commit"] = subprocess.run(
-            ["git", "rev-parse", "--short", "HEAD"],
-            capture_output=True,
-            text=True,
-            cwd=Path(__file__).parent,
-            check=False,
-        ).stdout.strip()
-    return info
 
 
 def random_checkpoint(shape: str, directory: Path, layers: int | None = None) -> Path:

@@ -19,12 +19,13 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import SHAPES, machine, random_checkpoint  # noqa: E402
+from common import SHAPES, random_checkpoint  # noqa: E402
 
 from moespec.calibrate.timing import read_bandwidth  # noqa: E402
 from moespec.decoding import KernelPolicy, generate  # noqa: E402
 from moespec.files import write_json  # noqa: E402
 from moespec.models import load_model  # noqa: E402
+from moespec.provenance import provenance  # noqa: E402
 
 
 def time_moespec(model, prompt, tokens, kernel):
@@ -117,7 +118,7 @@ def main(argv=None) -> int:
         }
     report = {
         "benchmark": "decode_vs_transformers",
-        "machine": machine(),
+        "provenance": provenance(),
         "settings": {
             **vars(args),
             "out": str(args.out),

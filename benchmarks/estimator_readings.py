@@ -18,7 +18,6 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import machine  # noqa: E402
 from demo_traces import demo_traces  # noqa: E402
 
 from moespec.files import check_writable, write_json
@@ -26,6 +25,7 @@ from moespec.offload import get_profile, simulate
 from moespec.offload.policies.estimator import READINGS
 from moespec.offload.policies.spac import SpAcPolicy, reading_config
 from moespec.offload.sim.simulator import SimulationSettings
+from moespec.provenance import provenance  # noqa: E402
 
 
 def main() -> int:
@@ -46,7 +46,7 @@ def main() -> int:
             "traces": [{"name": t.doc_names[0], "tokens": t.num_tokens} for t, _ in traces],
             "readings": {name: list(map(str, r)) for name, r in READINGS.items()},
             "results": rows,
-            "machine": machine(),
+            "provenance": provenance(),
         },
         force=args.force,
     )

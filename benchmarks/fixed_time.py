@@ -255,9 +255,8 @@ def main(argv=None) -> int:
 
     check_writable(args.out, force=args.force)
     sys.path.insert(0, str(HERE))
-    from common import machine
-
     from moespec.demo import demo_paths
+    from moespec.provenance import provenance
 
     threads = [int(t) for t in args.threads.split(",")]
     demo = dict(zip(("target", "draft"), map(str, demo_paths()), strict=True))
@@ -277,7 +276,7 @@ def main(argv=None) -> int:
             bandwidth[t][kind] = max(bandwidth[t][kind], value)
     report = {
         "benchmark": "fixed_time",
-        "machine": machine(),
+        "provenance": provenance(),
         "settings": {
             **{k: v for k, v in vars(args).items() if k not in ("worker", "engine", "model_dir")},
             "threads": threads,

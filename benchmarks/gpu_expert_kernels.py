@@ -35,7 +35,6 @@ import numpy as np
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import machine  # noqa: E402
 from gpu_expert_passes import (  # noqa: E402
     KERNELS,
     distinct_count,
@@ -55,6 +54,7 @@ from gpu_expert_timing import (  # noqa: E402
 
 from moespec.files import atomic_path, check_writable, write_json  # noqa: E402
 from moespec.kernels import ExpertWeights  # noqa: E402
+from moespec.provenance import provenance  # noqa: E402
 from moespec.routing.shapes import SHAPES  # noqa: E402
 
 SHAPE_NAMES = ("olmoe-1b-7b", "qwen3-30b-a3b", "gpt-oss-20b", "deepseek-v2-lite")
@@ -65,16 +65,13 @@ def gpu_machine(device) -> dict:
     import triton
 
     props = torch.cuda.get_device_properties(device)
-    return {
-        **machine(),
-        "gpu": props.name,
-        "capability": list(torch.cuda.get_device_capability()),
-        "sm_count": props.multi_processor_count,
-        "gpu_memory_bytes": props.total_memory,
-        "l2_bytes": getattr(props, "L2_cache_size", None),
-        "cuda": torch.version.cuda,
-        "triton": triton.__version__,
-    }
+    record = provenance(device)
+    record["machine"].update(
+        sm_count=props.multi_processor_count,
+        l2_bytes=getattr(props, "L2_cache_size", None),
+        triton=triton.__version__,
+    )
+    return record
 
 
 def tune(args, device) -> int:

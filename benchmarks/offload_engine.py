@@ -35,8 +35,6 @@ import numpy as np
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import machine  # noqa: E402
-
 from moespec.decoding import DraftLengthPolicy, KernelPolicy, OracleDrafter, generate, summarize
 from moespec.demo import describe  # noqa: E402
 from moespec.files import check_writable, write_json
@@ -44,6 +42,7 @@ from moespec.kernels import ExpertWeights, get_kernel
 from moespec.offload import POLICY_NAMES, make_policy
 from moespec.offload.engine.executor import OffloadEngine, expert_cache_budget
 from moespec.offload.sim.simulator import SimulationSettings, simulate
+from moespec.provenance import provenance  # noqa: E402
 from moespec.routing import RoutingTrace
 
 
@@ -81,7 +80,7 @@ def main() -> int:
             "calibration": {k: v for k, v in calibration.items() if k != "measured"},
             "results": results,
             "gate": gate,
-            "machine": machine(),
+            "provenance": provenance(),
         },
         force=args.force,
     )

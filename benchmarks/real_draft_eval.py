@@ -24,8 +24,6 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import machine  # noqa: E402
-
 from moespec.decoding import DraftLengthPolicy, KernelPolicy, generate, summarize  # noqa: E402
 from moespec.decoding.drafters import ModelDrafter, PromptLookupDrafter  # noqa: E402
 from moespec.decoding.sampling import Sampler  # noqa: E402
@@ -34,6 +32,7 @@ from moespec.demo import demo_paths, describe  # noqa: E402
 from moespec.demo.corpus import held_out_documents  # noqa: E402
 from moespec.files import check_writable, write_json  # noqa: E402
 from moespec.models import load_model  # noqa: E402
+from moespec.provenance import provenance  # noqa: E402
 
 LOOKUP_LENGTHS = (2, 4, 8)
 WITHIN = 0.95  # "within 5% of the best fixed choice"
@@ -261,7 +260,7 @@ def main(argv=None) -> int:
         result = {
             "title": f"{describe(target_dir)} drafted by {describe(draft_dir)}: "
             f"{len(prompts)} held-out prompts, {args.tokens} tokens, {repeat + 1} rounds",
-            "machine": machine(),
+            "provenance": provenance(),
             "settings": settings,
             "rounds_done": repeat + 1,
             **summarise(prompts, arms, rounds),

@@ -12,7 +12,6 @@ the versions.
 import argparse
 import json
 import os
-import platform
 import sys
 import tempfile
 import time
@@ -30,11 +29,8 @@ def main() -> int:
     parser.add_argument("--force", action="store_true")
     args = parser.parse_args()
 
-    import numpy
-    import pyarrow
-
-    import moespec
     from moespec.files import check_writable, write_json
+    from moespec.provenance import provenance
     from moespec.routing.reuse import reuse_report
     from moespec.routing.shapes import get_shape
     from moespec.routing.store import read_trace, write_trace
@@ -87,16 +83,8 @@ def main() -> int:
         "timings": timings,
         "best_analysis_seconds": min(analyses),
         "measured_reuse2": float(report.measured.reuse_mean[1]),
-        "machine": {
-            "platform": platform.platform(),
-            "processor": platform.processor(),
-            "cpu_count": os.cpu_count(),
-            "load_average": os.getloadavg(),
-            "python": sys.version.split()[0],
-            "numpy": numpy.__version__,
-            "pyarrow": pyarrow.__version__,
-            "moespec": moespec.__version__,
-        },
+        "load_average": os.getloadavg(),
+        "provenance": provenance(),
     }
     write_json(args.out, result, force=args.force)
     print(json.dumps(result, indent=2))

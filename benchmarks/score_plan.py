@@ -17,6 +17,7 @@ from pathlib import Path
 
 from moespec.calibrate.score import noise_floor, score
 from moespec.files import write_json
+from moespec.plan import load_plan
 
 
 def main(argv=None) -> int:
@@ -27,12 +28,12 @@ def main(argv=None) -> int:
     parser.add_argument("--out", type=Path)
     parser.add_argument("--force", action="store_true")
     args = parser.parse_args(argv)
-    plan = json.loads(args.plan.read_text())
+    plan = load_plan(args.plan)
     verify = json.loads(args.verify.read_text())["records"]
     sweep = json.loads(args.sweep.read_text())
     results = {}
     for version in ("prediction", "measured_time", "calibrated"):
-        if "error" in plan["predictions"][version]["staircase"]:
+        if plan.predictions[version].staircase.error is not None:
             print(f"{version}: no valid step times")
             continue
         rules = score(plan, verify, sweep, version)

@@ -65,7 +65,7 @@ def main(argv=None) -> int:
         tokens=args.tokens,
         repeats=args.repeats,
         verify_repeats=args.verify_repeats,
-        max_draft_length=len(plan["verify_time"]) - 1,
+        max_draft_length=len(plan.verify_time) - 1,
     )
     with Progress(True) as progress:
         result = evaluate(plan, model, tokenizer, settings, progress)

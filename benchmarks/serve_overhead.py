@@ -20,10 +20,9 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import machine  # noqa: E402
-
 from moespec.decoding import Sampler, generate  # noqa: E402
 from moespec.files import write_json  # noqa: E402
+from moespec.provenance import provenance  # noqa: E402
 
 PROMPTS = [
     "def fibonacci(n):",
@@ -177,7 +176,7 @@ def main(argv=None) -> int:
     }
     report = {
         "benchmark": "serve_overhead",
-        "machine": machine(),
+        "provenance": provenance(),
         "settings": {
             "model": engine.model_name,
             "draft": engine.speculation.name,

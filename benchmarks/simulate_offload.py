@@ -12,7 +12,6 @@ only where benchmarks/calibration_gate.py passes (calibration_gate.json beside i
 
 import argparse
 import json
-import platform
 import sys
 import time
 from pathlib import Path
@@ -51,9 +50,8 @@ def main() -> int:
     from moespec.files import check_writable, write_json
 
     check_writable(args.out / "headline.json", force=args.force)
-    import numpy
 
-    from moespec import __version__
+    from moespec.provenance import provenance
 
     profile = get_profile(args.profile)
     start = time.perf_counter()
@@ -91,12 +89,7 @@ def main() -> int:
             "workload_build_seconds": build_seconds,
             "results": results,
             "summary": summary,
-            "machine": {
-                "python": platform.python_version(),
-                "processor": platform.processor(),
-                "platform": platform.platform(),
-            },
-            "versions": {"moespec": __version__, "numpy": numpy.__version__},
+            "provenance": provenance(),
         },
         force=args.force,
     )

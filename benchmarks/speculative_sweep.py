@@ -18,7 +18,7 @@ from collections import Counter
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import SHAPES, machine, random_checkpoint  # noqa: E402
+from common import SHAPES, random_checkpoint  # noqa: E402
 
 from moespec.calibrate.plan import verify_documents  # noqa: E402
 from moespec.costmodel import best_draft_length  # noqa: E402
@@ -32,6 +32,7 @@ from moespec.decoding import (  # noqa: E402
 from moespec.decoding.setup import greedy_reference  # noqa: E402
 from moespec.files import atomic_path, write_json  # noqa: E402
 from moespec.models import load_model  # noqa: E402
+from moespec.provenance import provenance  # noqa: E402
 from moespec.routing.record import tokenize_documents  # noqa: E402
 
 ACCEPTANCES = (0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.85, 0.9, 0.95, 0.98)
@@ -150,7 +151,7 @@ def main(argv=None) -> int:
         }
     report = {
         "benchmark": "speculative_sweep",
-        "machine": machine(),
+        "provenance": provenance(),
         "settings": {
             "model": str(args.model),
             "tokens": args.tokens,

@@ -1,4 +1,4 @@
-"""Writing outputs without losing anything: atomic replace, and no clobbering without --force."""
+"""Writing outputs without losing anything: atomic replace, and no clobbering without force."""
 
 import contextlib
 import json
@@ -7,16 +7,21 @@ import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
+from moespec.errors import NamesSettings, setting
 
-class OutputExistsError(FileExistsError):
+
+class OutputExistsError(NamesSettings, FileExistsError):
     """An output file already exists and the caller did not ask to overwrite it."""
+
+    def __init__(self, path):
+        super().__init__(f"{path} already exists (pass {setting('force', True)} to overwrite it)")
 
 
 def check_writable(path: str | os.PathLike, *, force: bool) -> Path:
     """Refuse early (before any long work) when `path` exists and force is off."""
     path = Path(path)
     if path.exists() and not force:
-        raise OutputExistsError(f"{path} already exists (pass --force to overwrite it)")
+        raise OutputExistsError(path)
     if not path.parent.exists():
         raise FileNotFoundError(f"directory {path.parent} does not exist (for output {path})")
     return path
@@ -36,7 +41,7 @@ def atomic_path(path: str | os.PathLike, *, force: bool = False) -> Iterator[Pat
     try:
         yield tmp
         if path.exists() and not force:  # appeared while we worked
-            raise OutputExistsError(f"{path} already exists (pass --force to overwrite it)")
+            raise OutputExistsError(path)
         os.replace(tmp, path)
     finally:
         tmp.unlink(missing_ok=True)
@@ -98,7 +103,7 @@ def publish_files(directory: str | os.PathLike, names: list[str], *, force: bool
             return
         for name in names:
             if (directory / name).exists() and not force:  # appeared while we worked
-                raise OutputExistsError(f"{directory / name} already exists (pass --force)")
+                raise OutputExistsError(directory / name)
             os.replace(staging / name, directory / name)
     finally:
         shutil.rmtree(staging, ignore_errors=True)

@@ -58,6 +58,7 @@ from moespec.demo.corpus import (  # noqa: E402  (the corpus definition moespec 
     list_corpus_files,
     stdlib_root,
 )
+from moespec.provenance import cpu_capability  # noqa: E402
 
 # --- corpus -------------------------------------------------------------------------------
 
@@ -774,7 +775,7 @@ def environment() -> dict:
         "torch": torch.__version__,
         "transformers": transformers.__version__,
         "tokenizers": tokenizers.__version__,
-        "cpu_capability": torch.backends.cpu.get_cpu_capability(),
+        "cpu_capability": cpu_capability(),
         "threads": torch.get_num_threads(),
     }
 

@@ -4,12 +4,14 @@ import json
 
 import numpy as np
 import pytest
+import torch
 
 from moespec.calibrate.bench import BenchSettings, ExpertOpBenchmark, load_raw
-from moespec.calibrate.plan import load_plan, make_plan
+from moespec.calibrate.plan import make_plan
 from moespec.calibrate.predict import Prediction, outside_growth, verify_times
 from moespec.cli import main
 from moespec.kernels import ExpertWeights
+from moespec.plan import load_plan
 
 
 def test_chain_22_equals_hand_computation():
@@ -110,9 +112,11 @@ def test_plan_writes_a_complete_plan_and_report(plan_dir):
 
     out, model_dir = plan_dir
     plan = load_plan(out / "plan.json", load_config(model_dir))
-    assert len(plan["verify_time"]) == 4 and len(plan["step_times"]) == 4
-    assert set(plan["predictions"]) == {"prediction", "measured_time", "calibrated"}
-    assert plan["fits"]["slot"]["passes"] > 0 and plan["bandwidth_error"] >= 0
+    assert len(plan.verify_time) == 4 and len(plan.step_times) == 4
+    assert set(plan.predictions) == {"prediction", "measured_time", "calibrated"}
+    assert plan.fits["slot"].passes > 0 and plan.bandwidth_error >= 0
+    assert plan.provenance.device == "cpu" and plan.provenance.settings["depth"] == 32
+    assert plan.provenance.cpu_capability == torch.backends.cpu.get_cpu_capability()
     written = write_report(plan, out)
     assert all(p.exists() for p in written)
     assert "Kernel switch" in (out / "report.md").read_text()
@@ -278,7 +282,7 @@ def test_evaluation_scores_every_version_on_one_run(plan_dir, tmp_path):
         assert entry["prediction"]["verify_time"]["slot"][0] == pytest.approx(anchor)
         assert len(entry["score"]) == 6
     # the anchored chain keeps the plan's layer-time differences, only tau(1) moves
-    chain = plan["predictions"]["measured_time"]["verify_time"]["dedup"]
+    chain = plan.predictions["measured_time"].verify_time["dedup"]
     here = result["versions"]["measured_time"]["prediction"]["verify_time"]["dedup"]
     shift = anchor - chain[0]
     assert here == pytest.approx([t + shift for t in chain])

@@ -14,6 +14,7 @@ from moespec.calibrate.score import (
     score,
 )
 from moespec.costmodel import best_draft_length, expected_tokens
+from tests.plans import plan_around
 
 
 def test_crossover_rule_counts_a_crossover_at_the_last_n_as_none():
@@ -141,11 +142,8 @@ def made_plan(verify_slot, verify_dedup, draft_time):
         bandwidth_error=0.02,
         draft_time=np.array(draft_time),
     )
-    return {
-        "predictions": {version: prediction.to_dict() for version in VERSIONS},
-        "kernel": {"crossover": prediction.crossover(), "dedup_kernel": "dedup"},
-        "draft_time": list(draft_time),
-    }
+    predictions = {version: prediction.to_dict() for version in VERSIONS}
+    return plan_around(predictions, prediction.crossover(), draft_time)
 
 
 VERSIONS = ("prediction", "measured_time", "calibrated")
@@ -203,7 +201,7 @@ def test_scoring_script_writes_every_rule_and_the_noise_floor(tmp_path, capsys):
     plan = made_plan(SLOT, DEDUP, [0.0] * 9)
     truth = [min(s, d) for s, d in zip(SLOT, DEDUP, strict=True)]
     paths = {name: tmp_path / f"{name}.json" for name in ("plan", "verify", "sweep")}
-    paths["plan"].write_text(json.dumps(plan))
+    paths["plan"].write_text(json.dumps(plan.to_dict()))
     paths["verify"].write_text(json.dumps({"records": measured_run(SLOT, DEDUP)}))
     paths["sweep"].write_text(json.dumps(oracle_sweep(truth)))
     out = tmp_path / "score.json"

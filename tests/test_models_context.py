@@ -7,6 +7,7 @@ import shutil
 import pytest
 
 from moespec.cli import main
+from moespec.errors import cli_message
 from moespec.models.context import ContextOverflowError, fit_context
 from tests.checkpoints import edit_config
 
@@ -43,7 +44,8 @@ def test_overflow_names_the_numbers_and_the_fix():
         fit_context(list(range(20)), 16, new_tokens=4)
     message = str(info.value)
     assert "20 tokens + 4 to generate" in message and "context of 16 positions" in message
-    assert "--truncate left" in message and "12 tokens" in message and "\n" not in message
+    assert "truncate='left'" in message and "12 tokens" in message and "\n" not in message
+    assert "--truncate left" in cli_message(info.value) and "--" not in message
 
 
 def test_truncate_left_keeps_the_last_tokens_and_right_the_first():

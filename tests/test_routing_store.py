@@ -101,7 +101,7 @@ def test_file_has_the_documented_schema_and_metadata(tmp_path):
 def test_an_existing_file_is_kept_without_force(tmp_path):
     path = tmp_path / "t.parquet"
     path.write_text("precious")
-    with pytest.raises(OutputExistsError, match="pass --force"):
+    with pytest.raises(OutputExistsError, match="pass force=True"):
         write_trace(sample_trace(), path)
     assert path.read_text() == "precious"
     write_trace(sample_trace(), path, force=True)

@@ -20,6 +20,7 @@ import torch
 
 from moespec.calibrate.ids import chosen_ids, distinct_count, distinct_levels
 from moespec.calibrate.timing import CacheFlusher, median_iqr, time_runs
+from moespec.errors import SettingError, setting
 from moespec.kernels import ExpertWeights, get_kernel
 from moespec.progress import Progress, using
 
@@ -174,8 +175,9 @@ def load_raw(path: Path, expect_header: dict | None = None) -> list[dict]:
     if header.get("format") != FORMAT:
         raise ValueError(f"{path} has format {header.get('format')!r}, expected {FORMAT!r}")
     if expect_header is not None and header != json.loads(json.dumps(expect_header)):
-        raise ValueError(
-            f"{path} was written with other settings; pass a new output or --force to restart"
+        raise SettingError(
+            f"{path} was written with other settings; pass a new output or "
+            f"{setting('force', True)} to restart"
         )
     records = []
     for number, line in enumerate(lines[1:], start=2):

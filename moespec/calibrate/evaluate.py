@@ -34,6 +34,7 @@ from moespec.calibrate.score import noise_floor, score_prediction
 from moespec.calibrate.timing import median_iqr, read_bandwidth
 from moespec.decoding import DraftLengthPolicy, KernelPolicy, OracleDrafter, generate
 from moespec.decoding.setup import greedy_reference
+from moespec.plan import Plan
 from moespec.progress import Progress
 
 
@@ -235,25 +236,25 @@ class Evaluation:
         }
 
 
-def evaluate(plan: dict, model, tokenizer, settings: EvaluationSettings, progress=None) -> dict:
+def evaluate(plan: Plan, model, tokenizer, settings: EvaluationSettings, progress=None) -> dict:
     """Run the harness for a plan made for `model`; anchor each of the plan's versions on this
     run's tau_meas(1) and score it; the noise floor (k* from the sweep's own V(k)) beside.
 
     Returns settings, stream (depth, the decoded span's rho_hat(2) beside the plan's), sweep,
     verify_records, phases (read bandwidth before and after each), anchor, versions
     {name: {prediction, score}} and noise_floor."""
-    if "chain" not in plan:
-        raise ValueError("the plan has no prediction chain (made by an older moespec): remake it")
-    dedup = plan["kernel"]["dedup_kernel"]
+    if plan.chain is None:
+        raise ValueError("the plan keeps no prediction chain (made by an older moespec): remake it")
+    dedup = plan.kernel.dedup_kernel
     prompts = evaluation_prompts(tokenizer, settings.prompts, settings.prompt_tokens)
     harness = Evaluation(model, prompts, settings, dedup)
     results = harness.run(progress)
     plain = statistics.median(harness.verify_samples["slot", 1])
     draft_time = np.zeros(settings.max_draft_length + 1)  # the oracle costs nothing
     versions = anchored_predictions(
-        plan["chain"],
+        plan.chain,
         plain,
-        bandwidth_error=plan["bandwidth_error"],
+        bandwidth_error=plan.bandwidth_error,
         draft_time=draft_time,
         dedup_kernel=dedup,
         step_kernel=dedup,
@@ -269,7 +270,7 @@ def evaluate(plan: dict, model, tokenizer, settings: EvaluationSettings, progres
         }
     floor = noise_floor(results["sweep"])
     streams = [p + r for p, r in zip(prompts, harness.references, strict=True)]
-    plan_reuse = plan.get("routing", {}).get("reuse_mean")
+    plan_reuse = plan.routing.reuse_mean
     return {
         "settings": asdict(settings),
         "stream": {
@@ -279,7 +280,7 @@ def evaluate(plan: dict, model, tokenizer, settings: EvaluationSettings, progres
             "plan_reuse2": plan_reuse[1] if plan_reuse and len(plan_reuse) > 1 else None,
         },
         **results,
-        "anchor": {"plain_time": plain, "plan_plain_time": plan["measured_verify"]["slot"][0]},
+        "anchor": {"plain_time": plain, "plan_plain_time": plan.measured_verify["slot"][0]},
         "versions": scored,
         "noise_floor": {rule: {"holds": bool(h), "detail": d} for rule, (h, d) in floor.items()},
     }

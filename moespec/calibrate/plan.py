@@ -12,15 +12,13 @@ operation's crossover and bandwidths (there is no whole model to measure).
 """
 
 import itertools
-import json
 import time
-from dataclasses import asdict
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import numpy as np
 import torch
 
-import moespec
 from moespec.calibrate.bench import BenchSettings, ExpertOpBenchmark
 from moespec.calibrate.fits import LayerFits, SlotFit, effective_bandwidths
 from moespec.calibrate.ids import recorded_windows
@@ -34,10 +32,29 @@ from moespec.calibrate.predict import (
 )
 from moespec.calibrate.timing import read_bandwidth
 from moespec.calibrate.verify import measure_draft_time, measure_verify, verify_table
+from moespec.costmodel import crossover
 from moespec.demo import describe
-from moespec.files import output_directory, write_json
+from moespec.errors import SettingError, setting
+from moespec.files import OutputExistsError, output_directory
 from moespec.kernels import ExpertWeights
+from moespec.plan import (
+    PLAN_FORMAT,
+    BenchRun,
+    Chain,
+    FitSummary,
+    KernelChoice,
+    ModelRouting,
+    ModelSignature,
+    Plan,
+    PredictionSummary,
+    Provenance,
+    ShapePlan,
+    ShapeRouting,
+    load_plan,
+    typed,
+)
 from moespec.progress import Progress, using
+from moespec.provenance import provenance
 from moespec.routing.reuse import (
     check_not_degenerate,
     document_part,
@@ -47,7 +64,7 @@ from moespec.routing.reuse import (
 )
 from moespec.routing.trace import RoutingTrace
 
-PLAN_FORMAT = "moespec-plan/1"
+__all__ = ["PLAN_FORMAT", "load_plan", "make_plan", "make_shape_plan", "model_signature"]
 
 
 def stdlib_documents(count: int = 24, max_chars: int = 6000):
@@ -71,15 +88,7 @@ def verify_documents(count: int = 4, max_chars: int = 20000):
 
 def model_signature(config) -> dict:
     """What a plan must match to be used with a model."""
-    return {
-        "name": config.name,
-        "model_type": config.model_type,
-        "num_layers": config.num_layers,
-        "hidden_size": config.hidden_size,
-        "num_experts": config.num_experts,
-        "top_k": config.top_k,
-        "moe_intermediate_size": config.moe_intermediate_size,
-    }
+    return asdict(ModelSignature.of(config))
 
 
 def windows_by_layer(trace: RoutingTrace, layers: list[int], pass_sizes, count: int, seed: int):
@@ -94,13 +103,47 @@ def windows_by_layer(trace: RoutingTrace, layers: list[int], pass_sizes, count: 
     return out
 
 
+@dataclass
+class Measured:
+    """The expert-operation benchmark and its fits: raw records, the kernels timed (per-slot
+    and one deduplicating), the fits (per layer and pooled), epsilon_p per kernel, β_p(n) and
+    r(n)."""
+
+    records: list[dict]
+    kernels: list[str]
+    dedup_kernel: str
+    fits: LayerFits
+    errors: dict
+    bandwidths: dict
+
+    @property
+    def bandwidth_error(self) -> float:
+        """epsilon (§4): the larger of the kernels' epsilon_p."""
+        return self.fits.bandwidth_error(self.records)
+
+    def fit_summaries(self) -> dict[str, FitSummary]:
+        """The pooled fits, each with its own median error over all windows."""
+        pooled = self.fits.pooled
+        return fit_summary(pooled, {k: f.bandwidth_error(self.records) for k, f in pooled.items()})
+
+    def layer_fit_summaries(self) -> dict[int, dict[str, FitSummary]]:
+        """Each benchmarked layer's fits with its error on its own windows (empty: pooled)."""
+        errors = self.fits.layer_errors(self.records)
+        return {
+            layer: fit_summary(fits, errors[layer]) for layer, fits in self.fits.by_layer.items()
+        }
+
+    def bandwidth_tables(self) -> dict:
+        """{"bandwidth": {kernel: {n: β}}, "bandwidth_ratio": {kernel: {n: r}}}."""
+        return {name: self.bandwidths[name] for name in ("bandwidth", "bandwidth_ratio")}
+
+
 def bench_and_fit(
     experts, top_k, settings, windows_ids, header, out_dir, progress, force, per_layer=True
 ):
     """Benchmark the layers' expert operation (raw timings to out_dir/bench.jsonl, resumed
-    after an interruption unless `force` restarts it), fit each kernel (per layer, or pooled),
-    score the fits on the windows; (records, kernels, dedup kernel, LayerFits, epsilon_p per
-    kernel, bandwidth tables)."""
+    after an interruption unless `force` restarts it), fit each kernel (each layer on its
+    own, or pooled), score the fits on the windows: a `Measured`."""
     raw = Path(out_dir) / "bench.jsonl"
     if force:
         raw.unlink(missing_ok=True)
@@ -110,40 +153,39 @@ def bench_and_fit(
     dedup_kernel = next(k for k in kernels if k != "slot")
     fits = LayerFits.fit(records, top_k, kernels, per_layer=per_layer)
     errors = fits.kernel_errors(records)
-    return records, kernels, dedup_kernel, fits, errors, effective_bandwidths(records, top_k)
+    bandwidths = effective_bandwidths(records, top_k)
+    return Measured(records, kernels, dedup_kernel, fits, errors, bandwidths)
 
 
-def layer_fit_summary(fits: LayerFits, records: list[dict]) -> dict:
-    """Each benchmarked layer's fits with its own error on its windows (empty when pooled)."""
-    layer_errors = fits.layer_errors(records)
-    return {
-        str(layer): fit_summary(layer_fits, layer_errors[layer])
-        for layer, layer_fits in fits.by_layer.items()
-    }
-
-
-def fit_summary(fits: dict, errors: dict) -> dict:
+def fit_summary(fits: dict, errors: dict) -> dict[str, FitSummary]:
     out = {}
     for kernel, fit in fits.items():
-        entry = {
-            "coefficients": [float(c) for c in fit.coefficients_],
-            "fixed_time": fit.fixed_time_,
-            "bandwidth_error": errors[kernel],
-            "passes": fit.n_passes_,
-        }
+        summary = FitSummary(
+            coefficients=[float(c) for c in fit.coefficients_],
+            fixed_time=fit.fixed_time_,
+            bandwidth_error=errors[kernel],
+            passes=fit.n_passes_,
+        )
         if isinstance(fit, SlotFit):
-            entry.update(
-                first_read_cost=fit.first_read_cost_,
-                reread_cost=fit.reread_cost_,
-                reread_ratio=fit.reread_ratio_,
-            )
+            summary.first_read_cost = fit.first_read_cost_
+            summary.reread_cost = fit.reread_cost_
+            summary.reread_ratio = fit.reread_ratio_
         else:
-            entry.update(union_cost=fit.union_cost_, token_cost=fit.token_cost_)
-        out[kernel] = entry
+            summary.union_cost, summary.token_cost = fit.union_cost_, fit.token_cost_
+        out[kernel] = summary
     return out
 
 
-def make_plan(out_dir: Path, *, progress: Progress | bool = True, **options) -> dict:
+def bench_run(settings: BenchSettings, layers: list[int], windows: int) -> BenchRun:
+    return BenchRun(asdict(settings), list(layers), windows, "bench.jsonl")
+
+
+def refuse_existing(plan_path: Path, force: bool) -> None:
+    if plan_path.exists() and not force:
+        raise OutputExistsError(plan_path)
+
+
+def make_plan(out_dir: Path, *, progress: Progress | bool = True, **options) -> Plan:
     """Run the whole chain for a checkpoint directory; write out_dir/plan.json (+ raw files).
 
     options: those of `plan_chain` (model_dir, draft_dir, trace_path, dtype, settings,
@@ -170,21 +212,97 @@ def plan_chain(
     per_layer_fits: bool = True,
     force: bool = False,
     progress: Progress,
-) -> dict:
-    """The chain of make_plan, in an existing out_dir. per_layer_fits: fit each benchmarked
-    layer on its own (seed 000), else one pooled fit over them."""
-    from moespec.models import load_model
-    from moespec.routing.record import record_trace, tokenize_documents
-
+) -> Plan:
+    """The chain of make_plan, in an existing out_dir: load the model, take its routing,
+    benchmark and fit the expert operation, time whole-model passes and the draft, predict
+    in three versions, choose one, write the plan."""
     started = time.perf_counter()
     settings = settings or BenchSettings()
     plan_path = out_dir / "plan.json"
-    if plan_path.exists() and not force:
-        raise FileExistsError(f"{plan_path} already exists (pass --force to overwrite it)")
+    refuse_existing(plan_path, force)
+    model, tokenizer, layers = load_target(model_dir, dtype, bench_layers, progress)
+    trace = routing_trace(model, tokenizer, trace_path, model_dir, progress)
+    text = verify_text(tokenizer)
+    windows_ids = windows_by_layer(trace, layers, settings.pass_sizes, windows, settings.seed)
+    header = {"model": model.config.name, "dtype": dtype}
+    experts = {layer: model.moe_blocks[layer].experts for layer in layers}
+    measured = bench_and_fit(
+        experts,
+        model.config.top_k,
+        settings,
+        windows_ids,
+        header,
+        out_dir,
+        progress,
+        force,
+        per_layer=per_layer_fits,
+    )
+    max_n = max(settings.pass_sizes)
+    routing = trace_routing(trace, max_n)
+    whole = measure_verify(
+        model,
+        text,
+        depth=depth,
+        pass_sizes=settings.pass_sizes,
+        kernels=measured.kernels,
+        repeats=verify_repeats,
+        progress=progress,
+    )
+    whole_times = {k: np.array(verify_table(whole, k, max_n)) for k in measured.kernels}
+    draft_time = draft_times(draft_dir, tokenizer, dtype, text, depth, max_n, progress)
+    versions, chain = prediction_versions(model, routing, measured, whole_times, draft_time, max_n)
+    chosen_name, chosen = choose_version(versions, measured, whole_times, draft_time)
+    plan = Plan(
+        model=ModelSignature.of(model.config),
+        model_dir=describe(model_dir),
+        draft_dir=describe(draft_dir) if draft_dir else None,
+        dtype=dtype,
+        provenance=plan_provenance(
+            next(iter(experts.values())),
+            {
+                "trace": describe(trace_path) if trace_path else None,
+                "depth": depth,
+                "verify_repeats": verify_repeats,
+            },
+        ),
+        bench=bench_run(settings, layers, windows),
+        read_bandwidth=read_bandwidth(),
+        fits=measured.fit_summaries(),
+        bandwidth_error=measured.bandwidth_error,
+        **measured.bandwidth_tables(),
+        routing=ModelRouting(
+            documents=trace.num_documents,
+            tokens=trace.num_tokens,
+            byte_share=routing.byte_share.tolist(),
+            reuse_mean=routing.reuse_mean.tolist(),
+            union=routing.union.tolist(),
+        ),
+        measured_verify={k: v.tolist() for k, v in whole_times.items()},
+        verify_records=whole,
+        predictions={name: summary for name, (_, summary) in versions.items()},
+        plan_version=chosen_name,
+        kernel=KernelChoice(chosen.crossover(), measured.dedup_kernel),
+        verify_time=chosen.auto_verify().tolist(),
+        draft_time=draft_time.tolist(),
+        step_times=chosen.step_times(),
+        seconds=time.perf_counter() - started,
+        chain=chain,
+        fits_per_layer=measured.fits.per_layer,
+        layer_fits=measured.layer_fit_summaries(),
+        kernel_bandwidth_error=measured.errors,
+    )
+    plan.save(plan_path, force=force)
+    return plan
+
+
+def load_target(model_dir, dtype: str, bench_layers, progress: Progress):
+    """The checkpoint, its tokenizer and the MoE layers to benchmark (all of up to 4, else
+    the first and the middle one)."""
+    from moespec.models import load_model
+
     progress.start(f"loading {model_dir}")
     model, tokenizer = load_model(model_dir, dtype=dtype)
-    config = model.config
-    if not config.is_moe:
+    if not model.config.is_moe:
         raise ValueError(f"{model_dir} is not an MoE model: there is no expert operation to plan")
     moe_layers = list(model.moe_blocks)
     layers = bench_layers or (
@@ -193,192 +311,113 @@ def plan_chain(
     unknown = [layer for layer in layers if layer not in moe_layers]
     if unknown:
         raise ValueError(f"layers {unknown} are not MoE layers of {model_dir} ({moe_layers})")
+    return model, tokenizer, layers
+
+
+def routing_trace(model, tokenizer, trace_path, model_dir, progress: Progress) -> RoutingTrace:
+    """The model's routing: the given trace (checked to be this model's), else recorded on
+    the embedded corpus; refused when degenerate."""
+    from moespec.routing.record import record_trace
 
     if trace_path is not None:
         from moespec.routing.store import read_trace
 
         trace = read_trace(trace_path)
-        if trace.num_experts != config.num_experts or list(trace.layer_indices) != moe_layers:
+        same_layers = list(trace.layer_indices) == list(model.moe_blocks)
+        if trace.num_experts != model.config.num_experts or not same_layers:
             raise ValueError(f"{trace_path} was not recorded from this model's routing")
     else:
         # the embedded corpus's longer files are cut to the model's context
         progress.start("recording routing on the embedded corpus")
         trace = record_trace(model, tokenizer, stdlib_documents(), truncate="right")
     check_not_degenerate(trace, str(trace_path or model_dir))
-    # U(n) from the trace's fit documents, verify times on test documents (kept disjoint).
-    text = [t for _, ids in tokenize_documents(tokenizer, verify_documents()) for t in ids]
+    return trace
 
-    windows_ids = windows_by_layer(trace, layers, settings.pass_sizes, windows, settings.seed)
-    measured = bench_and_fit(
-        {layer: model.moe_blocks[layer].experts for layer in layers},
-        config.top_k,
-        settings,
-        windows_ids,
-        {"model": config.name, "dtype": dtype},
-        out_dir,
-        progress,
-        force,
-        per_layer=per_layer_fits,
-    )
-    records, kernels, dedup_kernel, fits, errors, bandwidths = measured
-    epsilon = fits.bandwidth_error(records)
 
-    max_n = max(settings.pass_sizes)
+def verify_text(tokenizer) -> list[int]:
+    """Tokens of the test documents for whole-model passes (U(n) and the benchmark windows
+    come from the fit documents: the two are kept disjoint)."""
+    from moespec.routing.record import tokenize_documents
+
+    return [t for _, ids in tokenize_documents(tokenizer, verify_documents()) for t in ids]
+
+
+def draft_times(draft_dir, tokenizer, dtype, text, depth, max_n, progress) -> np.ndarray:
+    """h(k), k = 0..max_n - 1, of the draft at draft_dir (zeros without one)."""
+    from moespec.models import load_model
+
+    if draft_dir is None:
+        return np.zeros(max_n)
+    progress.start(f"measuring the draft's step times h(k) ({draft_dir})")
+    draft, draft_tokenizer = load_model(draft_dir, dtype=dtype)
+    if not tokenizer.same_vocabulary(draft_tokenizer):
+        raise ValueError(f"the draft at {draft_dir} has a different tokenizer vocabulary")
+    return np.array(measure_draft_time(draft, text, depth=depth, max_draft_length=max_n - 1))
+
+
+def trace_routing(trace: RoutingTrace, max_n: int):
+    """ρ̄(n), U_l(n), ū(n) of the trace's fit documents (no bootstrap)."""
     fit_trace = split_trace(trace, "fit") if trace.num_documents > 1 else trace
-    routing = estimate(document_statistics(fit_trace, max_n), bootstrap=0)
+    return estimate(document_statistics(fit_trace, max_n), bootstrap=0)
+
+
+def prediction_versions(model, routing, measured: Measured, whole_times, draft_time, max_n):
+    """{version: (Prediction, PredictionSummary)} and the `Chain` behind them: from each
+    layer's fit at its U_l(n), from the timed windows, and those plus the growth outside the
+    expert operation (calibrated)."""
+    moe_layers = list(model.moe_blocks)
     expert_bytes = [model.moe_blocks[layer].experts.bytes_per_expert for layer in moe_layers]
-    fitted_times = times_from_layer_fits(fits, moe_layers, routing.union, expert_bytes)
-    measured_times = times_from_measurements(records, moe_layers, max_n)
-
-    verify_records = measure_verify(
-        model,
-        text,
-        depth=depth,
-        pass_sizes=settings.pass_sizes,
-        kernels=kernels,
-        repeats=verify_repeats,
-        progress=progress,
-    )
-    measured = {k: np.array(verify_table(verify_records, k, max_n)) for k in kernels}
-    plain = float(measured["slot"][0])
-    if draft_dir is not None:
-        progress.start(f"measuring the draft's step times h(k) ({draft_dir})")
-        draft, draft_tokenizer = load_model(draft_dir, dtype=dtype)
-        if not tokenizer.same_vocabulary(draft_tokenizer):
-            raise ValueError(f"the draft at {draft_dir} has a different tokenizer vocabulary")
-        draft_time = np.array(
-            measure_draft_time(draft, text, depth=depth, max_draft_length=max_n - 1)
-        )
-    else:
-        draft_time = np.zeros(max_n)
-
+    fitted = times_from_layer_fits(measured.fits, moe_layers, routing.union, expert_bytes)
+    timed = times_from_measurements(measured.records, moe_layers, max_n)
+    plain = float(whole_times["slot"][0])
+    ratio = measured.bandwidths["bandwidth_ratio"].get(measured.dedup_kernel, {})
     versions = {}
-    growth = outside_growth(measured["slot"], measured_times)
-    chain = {
-        "prediction": (fitted_times, None),
-        "measured_time": (measured_times, None),
-        "calibrated": (measured_times, growth),
+    growth = outside_growth(whole_times["slot"], timed)
+    inputs = {
+        "prediction": (fitted, None),
+        "measured_time": (timed, None),
+        "calibrated": (timed, growth),
     }
-    for name, (times, growth) in chain.items():
+    for name, (times, growth_n) in inputs.items():
         prediction = Prediction(
-            verify=verify_times(plain, times, growth),
+            verify=verify_times(plain, times, growth_n),
             expert_time={k: v.sum(axis=0) for k, v in times.items()},
-            bandwidth_error=epsilon,
+            bandwidth_error=measured.bandwidth_error,
             draft_time=draft_time,
-            dedup_kernel=dedup_kernel,
+            dedup_kernel=measured.dedup_kernel,
         )
-        versions[name] = (
-            prediction,
-            prediction.to_dict(
-                routing.byte_share, bandwidths["bandwidth_ratio"].get(dedup_kernel, {})
-            ),
-        )
-    chosen, chosen_name = versions["calibrated"][0], "calibrated"
-    if not chosen.valid():  # fall back on the whole-model measurement itself
-        chosen_name = "measured"
-        chosen = Prediction(
-            verify=measured,
-            expert_time=chosen.expert_time,
-            bandwidth_error=epsilon,
-            draft_time=draft_time,
-            dedup_kernel=dedup_kernel,
-        )
-    plan = {
-        "format": PLAN_FORMAT,
-        "model": model_signature(config),
-        "model_dir": describe(model_dir),
-        "draft_dir": describe(draft_dir) if draft_dir else None,
-        "dtype": dtype,
-        "device": "cpu",
-        "versions": {"moespec": moespec.__version__, "torch": torch.__version__},
-        "threads": torch.get_num_threads(),
-        "bench": {
-            "settings": asdict(settings),
-            "layers": layers,
-            "windows_per_pass": windows,
-            "raw": "bench.jsonl",
+        summary = typed(PredictionSummary, prediction.to_dict(routing.byte_share, ratio))
+        versions[name] = (prediction, summary)
+    chain = Chain(
+        layers=moe_layers,
+        layer_times={
+            name: {k: v.tolist() for k, v in times.items()} for name, (times, _) in inputs.items()
         },
-        "read_bandwidth": read_bandwidth(),
-        "fits": fit_summary(
-            fits.pooled, {k: f.bandwidth_error(records) for k, f in fits.pooled.items()}
-        ),
-        "layer_fits": layer_fit_summary(fits, records),
-        "fits_per_layer": fits.per_layer,
-        # epsilon_p per kernel (median over layers of each layer fit's error) and epsilon
-        "kernel_bandwidth_error": errors,
-        "bandwidth_error": epsilon,
-        "bandwidth": {
-            k: {str(n): v for n, v in t.items()} for k, t in bandwidths["bandwidth"].items()
-        },
-        "bandwidth_ratio": {
-            k: {str(n): v for n, v in t.items()} for k, t in bandwidths["bandwidth_ratio"].items()
-        },
-        # t_p,l(n) of each version and g(n): what re-anchors the chain on another run's
-        # tau_meas(1) (moespec.calibrate.evaluate)
-        "chain": {
-            "layers": moe_layers,
-            "layer_times": {
-                name: {k: v.tolist() for k, v in times.items()}
-                for name, (times, _) in chain.items()
-            },
-            "outside_growth": chain["calibrated"][1].tolist(),
-        },
-        "routing": {
-            "documents": trace.num_documents,
-            "tokens": trace.num_tokens,
-            "byte_share": routing.byte_share.tolist(),
-            "reuse_mean": routing.reuse_mean.tolist(),
-            "union": routing.union.tolist(),
-        },
-        "measured_verify": {k: v.tolist() for k, v in measured.items()},
-        "verify_records": verify_records,
-        "predictions": {name: d for name, (_, d) in versions.items()},
-        "plan_version": chosen_name,
-        "kernel": {"crossover": chosen.crossover(), "dedup_kernel": dedup_kernel},
-        "verify_time": chosen.auto_verify().tolist(),
-        "draft_time": draft_time.tolist(),
-        "step_times": chosen.step_times(),
-        "seconds": None,
-    }
-    plan["seconds"] = time.perf_counter() - started
-    write_json(plan_path, plan, force=force)
-    return plan
+        outside_growth=growth.tolist(),
+    )
+    return versions, chain
 
 
-def load_plan(path: Path, config=None) -> dict:
-    """A plan file, validated; with a model config, checked to be that model's plan."""
-    path = Path(path)
-    try:
-        plan = json.loads(path.read_text())
-    except FileNotFoundError:
-        raise FileNotFoundError(f"{path}: no such plan file") from None
-    except json.JSONDecodeError as error:
-        raise ValueError(f"{path} is not valid JSON: {error}") from None
-    if not isinstance(plan, dict) or plan.get("format") != PLAN_FORMAT:
-        raise ValueError(f"{path} is not a moespec plan (format {PLAN_FORMAT})")
-    for key in ("model", "kernel", "verify_time", "draft_time"):
-        if key not in plan:
-            raise ValueError(f"{path} has no {key!r}: not a complete plan")
-    times = plan["verify_time"]
-    if (
-        not isinstance(times, list)
-        or not times
-        or any(not isinstance(t, int | float) or t <= 0 for t in times)
-    ):
-        raise ValueError(f"{path}: verify_time must be a list of positive seconds")
-    crossover = plan["kernel"].get("crossover")
-    if crossover is not None and (not isinstance(crossover, int) or crossover < 1):
-        raise ValueError(f"{path}: kernel.crossover must be a pass size >= 1 or null")
-    if config is not None:
-        expected = model_signature(config)
-        recorded = plan["model"]
-        for key, value in expected.items():
-            if key != "name" and recorded.get(key) != value:
-                raise ValueError(
-                    f"{path} was made for another model: {key} is {recorded.get(key)!r} "
-                    f"there and {value!r} here"
-                )
-    return plan
+def choose_version(versions, measured: Measured, whole_times, draft_time):
+    """The calibrated version, or the whole-model measurement itself when a calibrated step
+    time is not positive: (name, Prediction)."""
+    chosen = versions["calibrated"][0]
+    if chosen.valid():
+        return "calibrated", chosen
+    return "measured", Prediction(
+        verify=whole_times,
+        expert_time=chosen.expert_time,
+        bandwidth_error=measured.bandwidth_error,
+        draft_time=draft_time,
+        dedup_kernel=measured.dedup_kernel,
+    )
+
+
+def plan_provenance(experts: ExpertWeights, settings: dict) -> Provenance:
+    """Where the benchmark ran (the device of the experts it timed; packed: the CPU's), on
+    what, from which commit, with which settings of the chain."""
+    device = "cpu" if experts.is_packed else str(experts.gate_up.device)
+    return Provenance(**provenance(device, settings))
 
 
 def random_experts(shape, dtype: torch.dtype, seed: int = 0) -> ExpertWeights:
@@ -390,7 +429,7 @@ def random_experts(shape, dtype: torch.dtype, seed: int = 0) -> ExpertWeights:
     return ExpertWeights(gate_up, down).pack()  # as a loaded model holds them
 
 
-def make_shape_plan(out_dir: Path, *, progress: Progress | bool = True, **options) -> dict:
+def make_shape_plan(out_dir: Path, *, progress: Progress | bool = True, **options) -> ShapePlan:
     """One full-size layer of random weights of a named shape (see `shape_plan_chain` for
     the options); progress and interruptions as for make_plan."""
     with using(progress) as bar, output_directory(out_dir):
@@ -408,26 +447,66 @@ def shape_plan_chain(
     tokens: int = 20000,
     force: bool = False,
     progress: Progress,
-) -> dict:
+) -> ShapePlan:
     """One full-size layer of random weights of a named shape, on a synthetic trace fitted to
     the shape's published layer-mean rho(2) (or `reuse2`): the expert operation's fits,
     bandwidths, epsilon, u(n), r(n), the saving summed over the model's L MoE layers and
     its crossover. (No whole model exists, so no verify times or staircase.)"""
     from moespec.models import parse_dtype
     from moespec.routing.shapes import get_shape
-    from moespec.routing.synthetic import LocalityProcess, synthetic_trace
 
     started = time.perf_counter()
     settings = settings or BenchSettings()
     shape = get_shape(shape_name)
     target = reuse2 if reuse2 is not None else shape.published_reuse2
     if target is None:
-        raise ValueError(f"shape {shape_name} has no published rho(2); pass --reuse2")
-    plan_path = out_dir / "plan.json"
-    if plan_path.exists() and not force:
-        raise FileExistsError(f"{plan_path} already exists (pass --force to overwrite it)")
-    progress.start(f"making a synthetic trace with rho(2) = {target}")
-    process = LocalityProcess(shape.num_experts, shape.top_k).fit(target)
+        raise SettingError(f"shape {shape_name} has no published rho(2); pass {setting('reuse2')}")
+    refuse_existing(out_dir / "plan.json", force)
+    process, trace = shape_trace(shape, target, tokens, settings.seed, progress)
+    layer = 0
+    progress.start(f"making one layer of {shape.name}'s experts")
+    experts = random_experts(shape, parse_dtype(dtype), settings.seed)
+    windows_ids = windows_by_layer(trace, [layer], settings.pass_sizes, windows, settings.seed)
+    header = {"shape": shape.name, "dtype": dtype}
+    measured = bench_and_fit(
+        {layer: experts}, shape.top_k, settings, windows_ids, header, out_dir, progress, force
+    )
+    routing = estimate(document_statistics(trace, max(settings.pass_sizes)), bootstrap=0)
+    expert_time = shape_expert_time(shape, measured, routing.union)
+    expert_saving = expert_time["slot"] - expert_time[measured.dedup_kernel]
+    plan = ShapePlan(
+        shape=asdict(shape),
+        dtype=dtype,
+        provenance=plan_provenance(experts, {"reuse2": target, "tokens": tokens}),
+        bench=bench_run(settings, [layer], windows),
+        read_bandwidth=read_bandwidth(),
+        fits=measured.fit_summaries(),
+        bandwidth_error=measured.bandwidth_error,
+        **measured.bandwidth_tables(),
+        routing=ShapeRouting(
+            process=process.metadata(),
+            tokens=tokens,
+            byte_share=routing.byte_share.tolist(),
+            reuse_mean=routing.reuse_mean.tolist(),
+        ),
+        expert_time={k: v.tolist() for k, v in expert_time.items()},
+        expert_saving=expert_saving.tolist(),
+        kernel=KernelChoice(
+            crossover({n: s for n, s in enumerate(expert_saving, 1) if n >= 2}),
+            measured.dedup_kernel,
+        ),
+        seconds=time.perf_counter() - started,
+    )
+    plan.save(out_dir / "plan.json", force=force)
+    return plan
+
+
+def shape_trace(shape, reuse2: float, tokens: int, seed: int, progress: Progress):
+    """A synthetic one-layer trace of the shape fitted to layer-mean rho(2) = reuse2."""
+    from moespec.routing.synthetic import LocalityProcess, synthetic_trace
+
+    progress.start(f"making a synthetic trace with rho(2) = {reuse2}")
+    process = LocalityProcess(shape.num_experts, shape.top_k).fit(reuse2)
     trace = synthetic_trace(
         process,
         num_layers=1,
@@ -435,69 +514,15 @@ def shape_plan_chain(
         documents=20,
         expert_bytes=[shape.bytes_per_expert],
         model=shape.name,
-        seed=settings.seed,
+        seed=seed,
     )
-    layer = 0
-    progress.start(f"making one layer of {shape.name}'s experts")
-    experts = random_experts(shape, parse_dtype(dtype), settings.seed)
-    windows_ids = windows_by_layer(trace, [layer], settings.pass_sizes, windows, settings.seed)
-    records, kernels, dedup_kernel, layer_fits, errors, bandwidths = bench_and_fit(
-        {layer: experts},
-        shape.top_k,
-        settings,
-        windows_ids,
-        {"shape": shape.name, "dtype": dtype},
-        out_dir,
-        progress,
-        force,
-    )
-    max_n = max(settings.pass_sizes)
-    routing = estimate(document_statistics(trace, max_n), bootstrap=0)
-    fits = layer_fits.pooled  # one layer: its own fit
-    per_layer = times_from_fits(fits, routing.union, [shape.bytes_per_expert], shape.top_k)
+    return process, trace
+
+
+def shape_expert_time(shape, measured: Measured, union) -> dict:
+    """{kernel: [n_max]} the expert operation's time from the fits, summed over the model's L
+    MoE layers (every one has the same expert shape and synthetic routing law)."""
+    per_layer = times_from_fits(measured.fits.pooled, union, [shape.bytes_per_expert], shape.top_k)
     for kernel in per_layer:  # a one-token pass runs the per-slot kernel whatever the switch
         per_layer[kernel][:, 0] = per_layer["slot"][:, 0]
-    # Every MoE layer has the same expert shape and (synthetic) routing law: sum L of them.
-    expert_saving = shape.num_layers * (per_layer["slot"][0] - per_layer[dedup_kernel][0])
-    from moespec.costmodel import crossover
-
-    plan = {
-        "format": PLAN_FORMAT,
-        "kind": "shape",
-        "shape": asdict(shape),
-        "dtype": dtype,
-        "device": "cpu",
-        "versions": {"moespec": moespec.__version__, "torch": torch.__version__},
-        "threads": torch.get_num_threads(),
-        "bench": {
-            "settings": asdict(settings),
-            "layers": [layer],
-            "windows_per_pass": windows,
-            "raw": "bench.jsonl",
-        },
-        "read_bandwidth": read_bandwidth(),
-        "fits": fit_summary(fits, errors),
-        "bandwidth_error": max(e for e in errors.values() if e is not None),
-        "bandwidth": {
-            k: {str(n): v for n, v in t.items()} for k, t in bandwidths["bandwidth"].items()
-        },
-        "bandwidth_ratio": {
-            k: {str(n): v for n, v in t.items()} for k, t in bandwidths["bandwidth_ratio"].items()
-        },
-        "routing": {
-            "process": process.metadata(),
-            "tokens": tokens,
-            "byte_share": routing.byte_share.tolist(),
-            "reuse_mean": routing.reuse_mean.tolist(),
-        },
-        "expert_time": {k: (shape.num_layers * v[0]).tolist() for k, v in per_layer.items()},
-        "expert_saving": expert_saving.tolist(),
-        "kernel": {
-            "crossover": crossover({n: s for n, s in enumerate(expert_saving, 1) if n >= 2}),
-            "dedup_kernel": dedup_kernel,
-        },
-        "seconds": None,
-    }
-    plan["seconds"] = time.perf_counter() - started
-    write_json(plan_path, plan, force=force)
-    return plan
+    return {k: shape.num_layers * v[0] for k, v in per_layer.items()}

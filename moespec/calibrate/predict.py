@@ -246,11 +246,11 @@ def anchored_predictions(
     step_kernel: str = "auto",
 ) -> dict[str, Prediction]:
     """The plan's three versions re-anchored on another run's tau_meas(1) (eq. 22 as meant:
-    the anchor and the runs scored come from one process). chain: a plan's "chain" entry,
-    {"layer_times": {version: {kernel: [L][n_max]}}, "outside_growth": [n_max]}."""
-    growth = np.asarray(chain["outside_growth"])
+    the anchor and the runs scored come from one process). chain: a plan's `Chain`
+    (layer_times {version: {kernel: [L][n_max]}}, outside_growth [n_max])."""
+    growth = np.asarray(chain.outside_growth)
     out = {}
-    for version, tables in chain["layer_times"].items():
+    for version, tables in chain.layer_times.items():
         times = {k: np.asarray(v) for k, v in tables.items()}
         out[version] = Prediction(
             verify=verify_times(plain_time, times, growth if version == "calibrated" else None),

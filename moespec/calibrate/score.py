@@ -16,6 +16,7 @@ best speedup inside bound (21), which needs delta < 1 (at delta >= 1 the rule fa
 import numpy as np
 
 from moespec.costmodel import best_draft_length, crossover, speedup
+from moespec.plan import Plan
 
 CROSSOVER_WITHIN = 1
 BEST_DRAFT_WITHIN = 1
@@ -114,16 +115,16 @@ def step_time_error_of(predicted_steps, measured_steps) -> float:
     return max(abs(p - m) / m for p, m in zip(predicted_steps, measured_steps, strict=True))
 
 
-def score(plan: dict, verify_records: list[dict], sweep: dict, version: str = "calibrated"):
+def score(plan: Plan, verify_records: list[dict], sweep: dict, version: str = "calibrated"):
     """{rule: (holds, detail)} for one prediction version of a plan."""
-    prediction = plan["predictions"][version]
+    prediction = plan.predictions[version]
     return score_values(
-        crossover=prediction["crossover"],
-        saving=prediction["saving"],
-        verify_time=prediction["verify_time"],
-        step_times=prediction["staircase"]["step_times"],
-        draft_time=plan["draft_time"],
-        dedup_kernel=plan["kernel"]["dedup_kernel"],
+        crossover=prediction.crossover,
+        saving=prediction.saving,
+        verify_time=prediction.verify_time,
+        step_times=prediction.staircase.step_times,
+        draft_time=plan.draft_time,
+        dedup_kernel=plan.kernel.dedup_kernel,
         verify_records=verify_records,
         sweep=sweep,
     )

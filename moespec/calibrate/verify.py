@@ -31,10 +31,12 @@ def measure_verify(
 ) -> list[dict]:
     """[{kernel, n_tokens, seconds: [...], median, iqr}] of whole-model verify passes.
     progress: reports each round (moespec.progress)."""
+    from moespec.errors import setting
     from moespec.models.context import fit_context
 
     need = depth + max(pass_sizes)
-    fit_context(range(need), model.config, what=f"a pass after {depth} tokens", fix="lower --depth")
+    what, fix = f"a pass after {depth} tokens", f"lower {setting('depth')}"
+    fit_context(range(need), model.config, what=what, fix=fix)
     if len(tokens) < need:
         raise ValueError(
             f"measure-verify needs {need} tokens of text (depth {depth} + the "

@@ -6,6 +6,7 @@ import importlib
 import sys
 
 from moespec import __version__
+from moespec.errors import cli_message
 
 COMMANDS = {
     "generate": "moespec.cli.generate",
@@ -66,7 +67,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     except (ValueError, OSError) as error:
         # Bad input: one line naming what is wrong, exit status 2 (as argparse does).
-        print(f"moespec {args.command}: error: {error}", file=sys.stderr)
+        print(f"moespec {args.command}: error: {cli_message(error)}", file=sys.stderr)
         return 2
 
 

@@ -36,7 +36,7 @@ def plan_model_dir(plan: dict, path: Path) -> Path:
     """The checkpoint a plan was made for: the demo pair by name, else its recorded path."""
     from moespec.demo import DEMO_DIR
 
-    recorded = plan.get("model_dir") or ""
+    recorded = plan.model_dir or ""
     if recorded.startswith("moespec/demo/"):
         return Path(DEMO_DIR) / recorded.removeprefix("moespec/demo/")
     if recorded and Path(recorded).is_dir():
@@ -61,11 +61,11 @@ def run(args: argparse.Namespace) -> int:
         tokens=args.tokens,
         repeats=args.repeats,
         verify_repeats=args.verify_repeats,
-        max_draft_length=len(plan["verify_time"]) - 1,
+        max_draft_length=len(plan.verify_time) - 1,
         seed=args.seed,
     )
     model_dir = Path(args.model) if args.model else plan_model_dir(plan, path)
-    model, tokenizer = load_model(model_dir, dtype=plan.get("dtype", "bf16"))
+    model, tokenizer = load_model(model_dir, dtype=plan.dtype)
     load_plan(path, model.config)  # the plan must be this model's
     with Progress(show_progress(quiet=args.json)) as progress:
         result = evaluate(plan, model, tokenizer, settings, progress)

@@ -215,12 +215,12 @@ def run(args: argparse.Namespace) -> int:
     model.batch_invariant = args.batch_invariant == "on"
     plan = None
     if args.plan:
-        from moespec.calibrate.plan import load_plan
+        from moespec.plan import load_plan
 
         plan = load_plan(args.plan, model.config)
     crossover = args.crossover
     if crossover is None and plan is not None:
-        crossover = plan["kernel"]["crossover"]
+        crossover = plan.kernel.crossover
     prompt = tokenizer.encode(args.prompt)
     if not prompt:
         raise ValueError("the prompt encodes to no tokens")

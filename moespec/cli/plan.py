@@ -114,7 +114,7 @@ def run(args: argparse.Namespace) -> int:
 
         write_report(plan, out)
     if args.json:
-        print(json.dumps(plan))
+        print(json.dumps(plan.to_dict()))
     else:
         print(summary(plan, out))
     return 0
@@ -126,17 +126,18 @@ def default_model():
     return demo_paths()[0]
 
 
-def summary(plan: dict, out) -> str:
-    crossover = plan["kernel"]["crossover"]
+def summary(plan, out) -> str:
+    """A Plan's or ShapePlan's summary lines."""
+    from moespec.plan import Plan
+
+    crossover = plan.kernel.crossover
     lines = [
-        f"wrote {out}/plan.json in {plan['seconds']:.0f} s",
-        f"bandwidth error epsilon = {plan['bandwidth_error']:.3f}",
+        f"wrote {out}/plan.json in {plan.seconds:.0f} s",
+        f"bandwidth error epsilon = {plan.bandwidth_error:.3f}",
         f"crossover: {crossover if crossover else 'none (per-slot at every n)'}",
     ]
-    if "step_times" in plan:
-        lines.append("V(k) ms: " + " ".join(f"{v * 1e3:.2f}" for v in plan["step_times"]))
-        stair = plan["predictions"]["calibrated"]["staircase"].get("by_acceptance", {})
-        lines.append(
-            "k*(a): " + " ".join(f"{a}:{e['best_draft_length']}" for a, e in stair.items())
-        )
+    if isinstance(plan, Plan):
+        lines.append("V(k) ms: " + " ".join(f"{v * 1e3:.2f}" for v in plan.step_times))
+        stair = plan.predictions["calibrated"].staircase.by_acceptance
+        lines.append("k*(a): " + " ".join(f"{a}:{e.best_draft_length}" for a, e in stair.items()))
     return "\n".join(lines)

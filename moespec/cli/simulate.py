@@ -145,6 +145,7 @@ def write_full_report(args, workload, names, profile, settings, progress):
         sweep,
         workload_table,
     )
+    from moespec.provenance import provenance
     from moespec.report.offload import write_report
 
     baselines_ar = [f"{n}-ar" for n in ("lru", "static", "hybrid")]
@@ -171,27 +172,11 @@ def write_full_report(args, workload, names, profile, settings, progress):
         "draft_length": sweep(
             workload, names, profile, settings, "draft_length", draft_lengths, step
         ),
-        "versions": _versions(),
+        "provenance": provenance(),
     }
     data["workload"]["smape"] = data["table2"][0]["frequency_smape"]
     progress.start(f"writing the report to {args.report}")
     return write_report(args.report, data, force=args.force)
-
-
-def _versions() -> dict:
-    import platform
-
-    import numpy
-
-    from moespec import __version__
-
-    return {
-        "moespec": __version__,
-        "numpy": numpy.__version__,
-        "python": platform.python_version(),
-        "machine": platform.machine(),
-        "processor": platform.processor(),
-    }
 
 
 def format_results(results: dict, workload: str, profile: str, settings: dict) -> str:

@@ -16,7 +16,9 @@ from moespec.decoding.generate import generate
 from moespec.decoding.kernel_policy import KernelPolicy
 from moespec.decoding.sampling import Sampler
 from moespec.decoding.speculation import Option, Speculation
+from moespec.errors import SettingError, setting
 from moespec.models import Tokenizer, Transformer, load_model
+from moespec.plan import Plan
 
 SPECS = "auto, auto:DIR, oracle:A, lookup, none"
 
@@ -40,11 +42,11 @@ def parse_oracle(spec: str) -> float:
     try:
         acceptance = float(text)
     except ValueError:
-        raise ValueError(
-            f"--draft {spec!r}: write oracle:A with A the acceptance, e.g. oracle:0.8"
+        raise SettingError(
+            f"{setting('draft', spec)}: write oracle:A with A the acceptance, e.g. oracle:0.8"
         ) from None
     if not 0 <= acceptance <= 1:
-        raise ValueError(f"--draft {spec!r}: the oracle's acceptance must be in [0, 1]")
+        raise SettingError(f"{setting('draft', spec)}: the oracle's acceptance must be in [0, 1]")
     return acceptance
 
 
@@ -52,7 +54,9 @@ def load_draft_model(spec: str, tokenizer: Tokenizer, dtype) -> Transformer:
     """The draft checkpoint at `spec`, which must share the target's tokenizer."""
     path = Path(spec)
     if not path.is_dir():
-        raise ValueError(f"--draft {spec!r} is neither a checkpoint directory nor one of {SPECS}")
+        raise SettingError(
+            f"{setting('draft', spec)} is neither a checkpoint directory nor one of {SPECS}"
+        )
     draft_model, draft_tokenizer = load_model(path, dtype=dtype)
     check_same_tokenizer(tokenizer, draft_tokenizer, path)
     return draft_model
@@ -79,7 +83,9 @@ def drafter_factory(
     if spec.startswith("oracle"):
         acceptance = parse_oracle(spec)
         if not sampler.greedy:
-            raise ValueError("--draft oracle needs greedy decoding (--temperature 0)")
+            raise SettingError(
+                f"{setting('draft', 'oracle')} needs greedy decoding ({setting('temperature', 0)})"
+            )
         if reference is None:
             reference = greedy_reference(
                 target, prompt, max_tokens, None, target.config.eos_token_ids
@@ -108,7 +114,7 @@ def speculation_factory(
     *,
     draft_length: int | str = "auto",
     max_draft_length: int = 8,
-    plan: dict | None = None,
+    plan: Plan | None = None,
     **settings,
 ) -> Callable[[], Speculation]:
     """A function giving fresh speculation state (drafter caches, estimates, step times) per
@@ -117,7 +123,7 @@ def speculation_factory(
     spec: "auto" chooses per step among prompt lookup and none; "auto:DIR" adds the draft
     model DIR; anything else is that drafter alone (`drafter_factory`, whose settings the
     others are). plan: a plan (`moespec plan`) whose verify times give every drafter's tau(n),
-    and whose draft times give h(k) of the draft it measured (`plan["draft_dir"]`).
+    and whose draft times give h(k) of the draft it measured (`plan.draft_dir`).
     """
     if spec == "auto" or spec.startswith("auto:"):
         model_dir = spec.partition(":")[2] or None
@@ -148,21 +154,7 @@ def draft_length_policy(
         return DraftLengthPolicy(
             draft_length, max_draft_length=max_draft_length, measured_verify=measured_verify
         )
-    from moespec.demo import describe
-
-    planned = plan.get("draft_dir")
-    same_draft = (
-        planned is not None
-        and draft_dir is not None
-        and (describe(draft_dir) == planned or Path(draft_dir).resolve() == Path(planned).resolve())
-    )
-    return DraftLengthPolicy(
-        draft_length,
-        max_draft_length=max_draft_length,
-        verify_times=plan["verify_time"],
-        draft_times=plan["draft_time"] if same_draft else None,
-        measured_verify=measured_verify,
-    )
+    return plan.draft_policy(draft_dir, draft_length, max_draft_length, measured_verify)
 
 
 def draft_name(spec: str | None) -> str | None:

@@ -14,7 +14,7 @@ def demo_paths() -> tuple[Path, Path]:
         if not (path / "config.json").exists():
             raise FileNotFoundError(
                 f"the embedded demo model is missing from this installation ({path}); "
-                "pass --model DIR"
+                "name a checkpoint directory instead"
             )
     return target, draft
 

@@ -14,12 +14,14 @@ Pure Python: no torch, no I/O.
 from collections.abc import Sequence
 from typing import Literal
 
+from moespec.errors import SettingError, setting
+
 Truncate = Literal["none", "left", "right"]
 TRUNCATE_CHOICES = ("none", "left", "right")
-DEFAULT_FIX = "shorten it or pass --truncate left to keep its last {keep} tokens"
+DEFAULT_FIX = f"shorten it or pass {setting('truncate', 'left')} to keep its last {{keep}} tokens"
 
 
-class ContextOverflowError(ValueError):
+class ContextOverflowError(SettingError):
     """Tokens (plus the tokens still to generate) do not fit the model's context."""
 
 
@@ -44,7 +46,7 @@ def fit_context(
     tokens that fit (a prompt's end is what the continuation follows); "right" keeps the
     first (a document's beginning). what: names the tokens in the message ("the prompt",
     "document 'a.py'"). fix: the message's advice, with {keep} for the tokens that would
-    fit; the default names the CLI flag, a server passes its own.
+    fit (a setting in it as `moespec.errors.setting` writes it); a server passes its own.
     """
     if truncate not in TRUNCATE_CHOICES:
         raise ValueError(f"truncate must be one of {', '.join(TRUNCATE_CHOICES)}, got {truncate!r}")

@@ -18,13 +18,13 @@ def check_report_dir(directory, *, force: bool) -> Path:
     made; nothing is created until the report is written."""
     directory = Path(directory)
     if directory.exists() and not directory.is_dir():
-        raise NotADirectoryError(f"--report {directory} is not a directory")
+        raise NotADirectoryError(f"{directory} is not a directory (for the report)")
     if directory.is_dir():
         for name in FILES:
             check_writable(directory / name, force=force)
     elif not directory.absolute().parent.is_dir():
         raise FileNotFoundError(
-            f"--report {directory}: directory {directory.parent} does not exist"
+            f"directory {directory.parent} does not exist (for the report {directory})"
         )
     return directory
 

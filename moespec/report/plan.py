@@ -10,6 +10,7 @@ staircase.png  k_hat*(a) from V_hat(k), with its step points
 from pathlib import Path
 
 from moespec.files import atomic_path
+from moespec.plan import Plan
 
 # The three prediction versions, as a reader of the figure would name them.
 LABELS = {
@@ -37,18 +38,18 @@ def _save(fig, path: Path) -> None:
         fig.savefig(tmp, format="png", dpi=120)
 
 
-def write_report(plan: dict, out_dir: Path) -> list[Path]:
+def write_report(plan: Plan, out_dir: Path) -> list[Path]:
     """Write report.md and the figures beside plan.json; return the paths written."""
     out_dir = Path(out_dir)
     plt = _pyplot()
     written = []
-    n_values = list(range(1, len(plan["predictions"]["calibrated"]["saving"]) + 1))
+    n_values = list(range(1, len(plan.predictions["calibrated"].saving) + 1))
 
     fig, ax = plt.subplots(figsize=(5.5, 3.8))
-    for kernel, table in plan["bandwidth"].items():
-        ns = sorted(int(n) for n in table)
-        ax.plot(ns, [table[str(n)] / 1e9 for n in ns], "o-", label=kernel)
-    ax.axhline(plan["read_bandwidth"] / 1e9, ls=":", color="grey", label="read bandwidth")
+    for kernel, table in plan.bandwidth.items():
+        ns = sorted(table)
+        ax.plot(ns, [table[n] / 1e9 for n in ns], "o-", label=kernel)
+    ax.axhline(plan.read_bandwidth / 1e9, ls=":", color="grey", label="read bandwidth")
     ax.set(
         xlabel="tokens per pass n",
         ylabel="effective bandwidth (GB/s)",
@@ -61,11 +62,11 @@ def write_report(plan: dict, out_dir: Path) -> list[Path]:
     written.append(out_dir / "bandwidth.png")
 
     fig, ax = plt.subplots(figsize=(5.5, 3.8))
-    share = plan["routing"]["byte_share"]
+    share = plan.routing.byte_share
     ax.plot(n_values[1:], share[1 : len(n_values)], "s--", label="byte share u(n)")
-    for kernel, table in plan["bandwidth_ratio"].items():
-        ns = sorted(int(n) for n in table if int(n) >= 2)
-        ax.plot(ns, [table[str(n)] for n in ns], "o-", label=f"bandwidth ratio r(n), {kernel}")
+    for kernel, table in plan.bandwidth_ratio.items():
+        ns = sorted(n for n in table if n >= 2)
+        ax.plot(ns, [table[n] for n in ns], "o-", label=f"bandwidth ratio r(n), {kernel}")
     ax.set(
         xlabel="tokens per pass n",
         ylabel="ratio",
@@ -78,23 +79,18 @@ def write_report(plan: dict, out_dir: Path) -> list[Path]:
     written.append(out_dir / "ratio.png")
 
     fig, ax = plt.subplots(figsize=(5.5, 3.8))
-    measured = plan.get("measured_verify", {})
-    dedup = plan["kernel"]["dedup_kernel"]
+    measured = plan.measured_verify
+    dedup = plan.kernel.dedup_kernel
     if "slot" in measured and dedup in measured:
         saving = [(a - b) * 1e3 for a, b in zip(measured["slot"], measured[dedup], strict=True)]
         ax.plot(n_values, saving, "ko-", label="measured")
     for name, style in (("prediction", "r-"), ("measured_time", "C7--"), ("calibrated", "b-.")):
-        version = plan["predictions"][name]
-        ax.plot(n_values, [s * 1e3 for s in version["saving"]], style, label=LABELS[name])
-        if name == "prediction" and version["saving_bound"] is not None:
-            low = [
-                (s - b) * 1e3
-                for s, b in zip(version["saving"], version["saving_bound"], strict=True)
-            ]
-            high = [
-                (s + b) * 1e3
-                for s, b in zip(version["saving"], version["saving_bound"], strict=True)
-            ]
+        version = plan.predictions[name]
+        ax.plot(n_values, [s * 1e3 for s in version.saving], style, label=LABELS[name])
+        if name == "prediction" and version.saving_bound is not None:
+            pairs = list(zip(version.saving, version.saving_bound, strict=True))
+            low = [(s - b) * 1e3 for s, b in pairs]
+            high = [(s + b) * 1e3 for s, b in pairs]
             ax.fill_between(n_values, low, high, color="r", alpha=0.15, label="bound from epsilon")
     ax.axhline(0, color="grey", lw=0.6)
     ax.set(
@@ -110,7 +106,7 @@ def write_report(plan: dict, out_dir: Path) -> list[Path]:
 
     from moespec.report.staircase import plot_staircase
 
-    plot_staircase(plan["step_times"], str(out_dir / "staircase.png"), force=True)
+    plot_staircase(plan.step_times, str(out_dir / "staircase.png"), force=True)
     written.append(out_dir / "staircase.png")
 
     with atomic_path(out_dir / "report.md", force=True) as tmp:
@@ -123,22 +119,23 @@ def _ms(value) -> str:
     return "-" if value is None else f"{value * 1e3:.3f}"
 
 
-def markdown(plan: dict) -> str:
-    model = plan["model"]
-    calibrated = plan["predictions"]["calibrated"]
-    dedup = plan["kernel"]["dedup_kernel"]
+def markdown(plan: Plan) -> str:
+    model, made = plan.model, plan.provenance
+    calibrated = plan.predictions["calibrated"]
+    dedup = plan.kernel.dedup_kernel
     lines = [
-        f"# Plan for {model['name']} ({model['model_type']}, {plan['dtype']}, {plan['device']})",
+        f"# Plan for {model.name} ({model.model_type}, {plan.dtype}, {made.device})",
         "",
-        f"Made by moespec {plan['versions']['moespec']} (torch {plan['versions']['torch']}, "
-        f"{plan['threads']} threads) in {plan['seconds']:.0f} s. Machine read bandwidth "
-        f"{plan['read_bandwidth'] / 1e9:.1f} GB/s.",
+        f"Made by moespec {made.versions['moespec']} (torch {made.versions['torch']}, "
+        f"{made.threads} threads) in {plan.seconds:.0f} s. Machine read bandwidth "
+        f"{plan.read_bandwidth / 1e9:.1f} GB/s. CPU capability {made.cpu_capability or '-'}; "
+        f"commit {made.commit or '-'}.",
         "",
-        f"**Kernel switch**: per-slot below n = {plan['kernel']['crossover']}, {dedup} from it."
-        if plan["kernel"]["crossover"]
+        f"**Kernel switch**: per-slot below n = {plan.kernel.crossover}, {dedup} from it."
+        if plan.kernel.crossover
         else "**Kernel switch**: none; the per-slot kernel is faster (or as fast) at every n.",
         "",
-        f"Bandwidth error epsilon = {plan['bandwidth_error']:.3f} (median relative error of the "
+        f"Bandwidth error epsilon = {plan.bandwidth_error:.3f} (median relative error of the "
         "fits on recorded windows; the larger kernel's).",
         "",
         "## Fits: time of the expert operation against the bytes it reads",
@@ -147,16 +144,16 @@ def markdown(plan: dict) -> str:
         "| epsilon |",
         "|---|---|---|---|---|",
     ]
-    for kernel, fit in plan["fits"].items():
+    for kernel, fit in plan.fits.items():
         if kernel == "slot":
-            extra = f"{fit['reread_ratio']:.2f}"
-            cost = fit["first_read_cost"]
+            extra = f"{fit.reread_ratio:.2f}"
+            cost = fit.first_read_cost
         else:
-            extra = _ms(fit["token_cost"])
-            cost = fit["union_cost"]
-        eps = fit["bandwidth_error"]
+            extra = _ms(fit.token_cost)
+            cost = fit.union_cost
+        eps = fit.bandwidth_error
         lines.append(
-            f"| {kernel} | {_ms(fit['fixed_time'])} | {cost * 1e9:.3f} | {extra} | "
+            f"| {kernel} | {_ms(fit.fixed_time)} | {cost * 1e9:.3f} | {extra} | "
             f"{'-' if eps is None else f'{eps:.3f}'} |"
         )
     lines += [
@@ -172,17 +169,17 @@ def markdown(plan: dict) -> str:
         "predicted dedup | calibrated dedup | S(n) calibrated |",
         "|---|---|---|---|---|---|---|---|---|",
     ]
-    prediction = plan["predictions"]["prediction"]
-    measured = plan["measured_verify"]
-    ratio = plan["bandwidth_ratio"].get(dedup, {})
-    for n in range(1, len(calibrated["saving"]) + 1):
-        r = ratio.get(str(n))
+    predicted = plan.predictions["prediction"].verify_time
+    measured = plan.measured_verify
+    ratio = plan.bandwidth_ratio.get(dedup, {})
+    for n in range(1, len(calibrated.saving) + 1):
+        r = ratio.get(n)
         lines.append(
-            f"| {n} | {plan['routing']['byte_share'][n - 1]:.3f} | "
+            f"| {n} | {plan.routing.byte_share[n - 1]:.3f} | "
             f"{'-' if r is None else f'{r:.3f}'} | {_ms(measured['slot'][n - 1])} | "
-            f"{_ms(measured[dedup][n - 1])} | {_ms(prediction['verify_time']['slot'][n - 1])} | "
-            f"{_ms(prediction['verify_time'][dedup][n - 1])} | "
-            f"{_ms(calibrated['verify_time'][dedup][n - 1])} | {_ms(calibrated['saving'][n - 1])} |"
+            f"{_ms(measured[dedup][n - 1])} | {_ms(predicted['slot'][n - 1])} | "
+            f"{_ms(predicted[dedup][n - 1])} | "
+            f"{_ms(calibrated.verify_time[dedup][n - 1])} | {_ms(calibrated.saving[n - 1])} |"
         )
     lines += [
         "",
@@ -196,8 +193,8 @@ def markdown(plan: dict) -> str:
         "| acceptance | k* | speedup |",
         "|---|---|---|",
     ]
-    for a, entry in calibrated["staircase"].get("by_acceptance", {}).items():
-        lines.append(f"| {a} | {entry['best_draft_length']} | {entry['speedup']:.3f} |")
+    for a, entry in calibrated.staircase.by_acceptance.items():
+        lines.append(f"| {a} | {entry.best_draft_length} | {entry.speedup:.3f} |")
     lines += [
         "",
         "Figures: bandwidth.png (each kernel's effective bandwidth against n), ratio.png (u(n) "

@@ -79,9 +79,12 @@ def fit_documents(
 ) -> list[tuple[str, list[int]]]:
     """(name, token ids) of documents that fit the model's context; a longer one is refused
     with one line (truncate "none"), or cut to its last ("left") or first ("right") tokens."""
+    from moespec.errors import setting
     from moespec.models.context import fit_context
 
-    fix = "pass --truncate right to keep its first {keep} tokens (or left: its last)"
+    fix = (
+        f"pass {setting('truncate', 'right')} to keep its first {{keep}} tokens (or left: its last)"
+    )
     return [
         (name, fit_context(ids, config, truncate=truncate, what=f"document {name!r}", fix=fix))
         for name, ids in documents

@@ -14,6 +14,7 @@ from collections import deque
 from dataclasses import dataclass, field
 
 from moespec.decoding import KernelPolicy, Sampler, generate, summarize
+from moespec.errors import SettingError, setting
 from moespec.models import Tokenizer, Transformer
 from moespec.serve.metrics import Metrics
 from moespec.serve.speculation import Speculation
@@ -87,9 +88,11 @@ class Engine:
     @staticmethod
     def check_limits(max_queue: int, max_tokens_limit: int) -> None:
         if max_queue < 0:
-            raise ValueError(f"--max-queue must be >= 0, got {max_queue}")
+            raise SettingError(f"{setting('max_queue')} must be >= 0, got {max_queue}")
         if max_tokens_limit < 1:
-            raise ValueError(f"--max-tokens-limit must be >= 1, got {max_tokens_limit}")
+            raise SettingError(
+                f"{setting('max_tokens_limit')} must be >= 1, got {max_tokens_limit}"
+            )
 
     # -- the queue ---------------------------------------------------------------------------
     def submit(self, job: Job) -> None:

@@ -46,11 +46,11 @@ def load_engine(
     target.batch_invariant = True  # as `moespec generate` decodes by default
     loaded_plan = None
     if plan is not None:
-        from moespec.calibrate.plan import load_plan
+        from moespec.plan import load_plan
 
         loaded_plan = load_plan(plan, target.config)
         if crossover is None:
-            crossover = loaded_plan["kernel"]["crossover"]
+            crossover = loaded_plan.kernel.crossover
     speculation = build_speculation(
         draft,
         target=target,

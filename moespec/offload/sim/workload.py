@@ -37,13 +37,14 @@ def synthetic_workload(
     documents: int = 1,
     seed: int = 0,
 ) -> Workload:
+    from moespec.errors import SettingError, setting
     from moespec.routing.shapes import get_shape
     from moespec.routing.synthetic import LocalityProcess, synthetic_trace
 
     shape = get_shape(model)
     target = reuse2 if reuse2 is not None else shape.published_reuse2
     if target is None:
-        raise ValueError(f"{model} has no published rho(2): pass --reuse2")
+        raise SettingError(f"{model} has no published rho(2): pass {setting('reuse2')}")
     process = LocalityProcess(shape.num_experts, shape.top_k, popularity_skew=popularity_skew).fit(
         target, seed=seed
     )
