@@ -22,6 +22,7 @@ import torch
 
 import moespec
 from moespec.calibrate.bench import BenchSettings, ExpertOpBenchmark
+from moespec.calibrate.bytes import model_bytes
 from moespec.calibrate.fits import DedupFit, SlotFit, effective_bandwidths
 from moespec.calibrate.ids import recorded_windows
 from moespec.calibrate.predict import (
@@ -305,6 +306,7 @@ def plan_chain(
             "reuse_mean": routing.reuse_mean.tolist(),
             "union": routing.union.tolist(),
         },
+        "bytes": model_bytes(model, routing.union),
         "measured_verify": {k: v.tolist() for k, v in measured.items()},
         "verify_records": verify_records,
         "predictions": {name: d for name, (_, d) in versions.items()},
