@@ -17,7 +17,8 @@ pytest.importorskip("transformers")
 TOKENS = torch.tensor([[5, 17, 33, 2, 90, 41, 7, 12, 60, 3, 3, 3, 44, 17, 5]])
 NEW = ["deepseek_v2", "glm4_moe"]
 # DeepSeek-V2-Lite's own choices: q straight from h, greedy top-k, scaling factor 1, yarn
-# with mscale = mscale_all_dim (its config.json's rope_scaling, at a tiny context).
+# with mscale = mscale_all_dim (its config.json's rope_scaling, at a tiny context: the
+# factor is the ratio of the contexts, 512 / 64, as 163840 / 4096 is V2-Lite's).
 LITE = dict(
     q_lora_rank=None,
     topk_method="greedy",
@@ -28,7 +29,7 @@ LITE = dict(
     rope_parameters={
         "rope_type": "yarn",
         "rope_theta": 10000.0,
-        "factor": 40.0,
+        "factor": 8.0,
         "original_max_position_embeddings": 64,
         "mscale": 0.707,
         "mscale_all_dim": 0.707,
@@ -156,6 +157,7 @@ def test_fused_expert_tensors_load_like_per_expert_ones(tmp_path, family):
 
 def test_yarn_rope_matches_transformers_on_llama_too(tmp_path):
     yarn = {"rope_type": "yarn", "rope_theta": 10000.0, "factor": 4.0}
+    yarn["original_max_position_embeddings"] = 128  # 512 / 4
     hf = hf_model("llama", rope_scaling=None, rope_parameters=yarn)
     model, _ = load_model(save_checkpoint(hf, tmp_path / "llama"), dtype="fp32")
     logits = model(TOKENS, model.new_cache(), all_logits=True)
@@ -257,6 +259,31 @@ def test_greedy_speculative_output_equals_plain_greedy(checkpoint_dir, family, k
             assert [t for r in records for t in r.tokens] == plain, (drafter, k)
             if isinstance(drafter, OracleDrafter):  # drafts were rejected: rollbacks ran
                 assert sum(r.drafted for r in records) > sum(r.accepted for r in records)
+
+
+@pytest.mark.parametrize("family", NEW)
+def test_batch_invariant_bf16_speculation_equals_plain_greedy(checkpoint_dir, family):
+    # Latent attention's per-head products run one token at a time under batch invariance,
+    # as a one-token pass runs them: the bits of plain decoding, whatever k.
+    from moespec.decoding import DraftLengthPolicy, KernelPolicy, OracleDrafter, generate
+    from moespec.decoding.setup import greedy_reference
+
+    model, _ = load_model(checkpoint_dir(family)[0], dtype="bf16")
+    model.batch_invariant = True
+    prompt = [5, 17, 33, 2, 5, 17, 40, 41] * 3
+    for kernel in ("slot", "dedup"):
+        kernels = KernelPolicy(kernel)
+        plain = [
+            t for r in generate(model, prompt, max_tokens=24, kernels=kernels) for t in r.tokens
+        ]
+        reference = greedy_reference(model, prompt, 24)
+        for k in (1, 3, 5, 8):
+            drafter = OracleDrafter(reference, len(prompt), 0.6, model.config.vocab_size, seed=k)
+            records = generate(
+                model, prompt, max_tokens=24, kernels=kernels, drafter=drafter,
+                draft_policy=DraftLengthPolicy(k),
+            )  # fmt: skip
+            assert [t for r in records for t in r.tokens] == plain, (kernel, k)
 
 
 def expected_dense_bytes(raw: dict, element: int = 4) -> dict:
