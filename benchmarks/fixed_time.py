@@ -139,7 +139,7 @@ def step_bytes(directory, depth: int) -> int:
     model, _ = load_model(directory, dtype="bf16", pack=False)
     c = model.config
     experts = sum(c.top_k * b.experts.bytes_per_expert for b in model.moe_blocks.values())
-    kv = c.num_layers * 2 * c.num_kv_heads * c.head_dim * depth * model.embed.element_size()
+    kv = c.num_layers * model.new_cache(capacity=1).layer_bytes(depth)  # MLA: latent rows
     return model.parameter_bytes()["dense"] + experts + kv
 
 

@@ -180,6 +180,8 @@ class Plan:
     step_times: list[float]  # V(k) = τ(k + 1) + h(k)
     seconds: float
     chain: Chain | None = None  # absent in plans made before the chain was kept
+    # bytes per pass split as seed 000 eq. (5) does (`calibrate.bytes.model_bytes`)
+    bytes: dict[str, Any] | None = None
     fits_per_layer: bool = False  # each benchmarked layer fitted on its own (seed 000)
     layer_fits: dict[int, dict[str, FitSummary]] = field(default_factory=dict)
     kernel_bandwidth_error: dict[str, float | None] = field(default_factory=dict)  # eps_p

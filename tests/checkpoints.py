@@ -57,6 +57,53 @@ FAMILIES = {
             "original_max_position_embeddings": 64,
         },
     ),
+    # DeepSeek-V2 (not Lite): q through its own latent, group-limited routing, a scaling
+    # factor, yarn with mscale != mscale_all_dim (cos/sin and the softmax both scaled).
+    "deepseek_v2": dict(
+        ATTENTION,
+        num_key_value_heads=4,
+        intermediate_size=96,
+        moe_intermediate_size=32,
+        n_routed_experts=8,
+        num_experts_per_tok=2,
+        n_shared_experts=2,
+        first_k_dense_replace=1,
+        kv_lora_rank=32,
+        q_lora_rank=48,
+        qk_nope_head_dim=16,
+        qk_rope_head_dim=8,
+        v_head_dim=16,
+        topk_method="group_limited_greedy",
+        n_group=4,
+        topk_group=2,
+        routed_scaling_factor=2.0,
+        attention_bias=True,
+        rope_parameters={
+            "rope_type": "yarn",
+            "rope_theta": 10000.0,
+            "factor": 8.0,
+            "original_max_position_embeddings": 64,
+            "mscale": 1.0,
+            "mscale_all_dim": 0.8,
+        },
+    ),
+    # GLM-4.5 with two groups of experts (the real ones have one) and per-head q/k norms.
+    "glm4_moe": dict(
+        ATTENTION,
+        head_dim=16,
+        intermediate_size=96,
+        moe_intermediate_size=32,
+        n_routed_experts=8,
+        num_experts_per_tok=2,
+        n_shared_experts=1,
+        first_k_dense_replace=1,
+        n_group=2,
+        topk_group=1,
+        routed_scaling_factor=2.5,
+        norm_topk_prob=True,
+        use_qk_norm=True,
+        attention_bias=True,
+    ),
 }
 
 MOE_FAMILIES = ["qwen3_moe", "olmoe", "mixtral"]
@@ -74,6 +121,9 @@ def hf_model(model_type: str, seed: int = 0, **overrides):
         for name, param in model.named_parameters():
             if name.endswith(("gate.weight", "router.weight")) and param.dim() == 2:
                 param.normal_(0, 0.5)
+        for name, buffer in model.named_buffers():  # and a choice bias that changes choices
+            if name.endswith("e_score_correction_bias"):
+                buffer.normal_(0, 0.2)
     return model.eval()
 
 

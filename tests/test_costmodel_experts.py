@@ -14,13 +14,16 @@ from moespec.costmodel import (
     dedup_is_faster,
     expected_tokens,
     mean_reuse,
+    pass_bytes,
     reuse_threshold,
     reuse_threshold_bytes,
     saving,
+    slot_expert_bytes,
     speedup,
     throughput,
     uniform_reuse,
     uniform_union,
+    union_expert_bytes,
     union_from_reuse,
     verify_time,
 )
@@ -256,3 +259,30 @@ def test_bad_inputs_raise_value_error_naming_the_argument(call, message):
 
     with pytest.raises(ValueError, match=re.escape(message)):
         call()
+
+
+@given(
+    st.lists(st.tuples(positive, unit), min_size=1, max_size=4),
+    st.integers(1, 8),
+    st.integers(1, 9),
+    non_negative,
+)
+def test_only_routed_bytes_deduplicate_dense_bytes_cancel_in_the_pass_difference(
+    layers, top_k, n, dense
+):
+    # Layer l's union U_l(n) lies in [m, n m]; shared experts and dense layers sit in D.
+    expert_bytes = [w for w, _ in layers]
+    unions = [top_k + s * (n - 1) * top_k for _, s in layers]
+    slot = slot_expert_bytes(sum(expert_bytes), top_k, n)
+    dedup = union_expert_bytes(unions, expert_bytes)
+    assert dedup / slot == byte_share(unions, expert_bytes, top_k, n)
+    assert dedup <= slot
+    slot_pass, dedup_pass = pass_bytes(slot, dense), pass_bytes(dedup, dense)
+    assert slot_pass - dedup_pass == slot - dedup  # D is read once by either kernel
+    assert dedup_pass >= dense
+
+
+def test_one_token_reads_m_experts_per_layer_with_either_kernel():
+    expert_bytes, top_k = [F(3), F(5)], 2
+    assert union_expert_bytes([top_k, top_k], expert_bytes) == slot_expert_bytes(8, top_k, 1)
+    assert pass_bytes(slot_expert_bytes(8, top_k, 1), 100, kv_bytes=7) == 100 + 16 + 7

@@ -121,6 +121,6 @@ def test_generation_config_adds_stop_tokens(checkpoint):
 
 
 def test_unsupported_rope_scaling_is_refused(checkpoint):
-    edit_config(checkpoint, rope_scaling={"rope_type": "yarn", "factor": 4.0})
-    with pytest.raises(CheckpointError, match="rope scaling type 'yarn' is not supported"):
+    edit_config(checkpoint, rope_scaling={"rope_type": "dynamic", "factor": 4.0})
+    with pytest.raises(CheckpointError, match="rope scaling type 'dynamic' is not supported"):
         load_model(checkpoint)

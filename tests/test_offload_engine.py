@@ -77,7 +77,7 @@ def test_offloaded_greedy_tokens_equal_in_memory(model, reference, policy, budge
     assert engine.pool.used == engine.cache.present.sum() <= engine.pool.slots
 
 
-@pytest.mark.parametrize("family", ["olmoe", "mixtral"])
+@pytest.mark.parametrize("family", ["olmoe", "mixtral", "deepseek_v2", "glm4_moe"])
 def test_other_families_and_the_dedup_kernel_keep_the_tokens(checkpoint_dir, family):
     model = load_model(checkpoint_dir(family)[0], dtype="fp32")[0]
     kernels = KernelPolicy("dedup")

@@ -112,6 +112,13 @@ def test_shapes_give_the_bf16_bytes_of_a_swiglu_expert():
     assert deepseek.shared_expert_bytes == 2 * deepseek.bytes_per_expert
 
 
+def test_dense_layers_mlps_are_dense_bytes_of_the_shape():
+    # DeepSeek-V2-Lite and GLM-4.5-Air: one dense first layer of intermediate size 10944.
+    assert get_shape("deepseek-v2-lite").dense_mlp_bytes == 3 * 2048 * 10944 * 2
+    assert get_shape("glm-4.5-air").dense_mlp_bytes == 3 * 4096 * 10944 * 2
+    assert get_shape("qwen3-30b-a3b").dense_mlp_bytes == 0  # every layer is MoE
+
+
 @pytest.mark.parametrize(
     "name, layers, first_layer, experts, top_k",
     [
@@ -119,6 +126,7 @@ def test_shapes_give_the_bf16_bytes_of_a_swiglu_expert():
         ("deepseek-v2-lite", 26, 1, 64, 6),  # its first decoder layer is dense
         ("olmoe-1b-7b", 16, 0, 64, 8),
         ("gpt-oss-20b", 24, 0, 32, 4),
+        ("glm-4.5-air", 45, 1, 128, 8),
     ],
 )
 def test_shapes_give_the_routing_dimensions(name, layers, first_layer, experts, top_k):

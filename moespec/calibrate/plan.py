@@ -20,6 +20,7 @@ import numpy as np
 import torch
 
 from moespec.calibrate.bench import BenchSettings, ExpertOpBenchmark
+from moespec.calibrate.bytes import model_bytes
 from moespec.calibrate.fits import LayerFits, SlotFit, effective_bandwidths
 from moespec.calibrate.ids import recorded_windows
 from moespec.calibrate.predict import (
@@ -277,6 +278,7 @@ def plan_chain(
             reuse_mean=routing.reuse_mean.tolist(),
             union=routing.union.tolist(),
         ),
+        bytes=model_bytes(model, routing.union),
         measured_verify={k: v.tolist() for k, v in whole_times.items()},
         verify_records=whole,
         predictions={name: summary for name, (_, summary) in versions.items()},

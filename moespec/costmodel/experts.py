@@ -173,6 +173,32 @@ def byte_share(
     return check_real(dedup, "union bytes") / (n_tokens * top_k * sum(expert_bytes))
 
 
+def slot_expert_bytes(total_expert_bytes: Number, top_k: int, n_tokens: int) -> Number:
+    """E_slot(n) = n m W (§1): a per-slot kernel reads one routed expert per (token, slot)."""
+    total_expert_bytes = check_positive(total_expert_bytes, "total_expert_bytes")
+    check_top_k(top_k)
+    check_count(n_tokens, "n_tokens")
+    return n_tokens * top_k * total_expert_bytes
+
+
+def union_expert_bytes(unions: Sequence[Number], expert_bytes: Sequence[Number]) -> Number:
+    """E_dedup(n) = sum_l w_l U_l(n) (§1): a deduplicating kernel reads each distinct routed
+    expert of the pass once. unions: U_l(n) per MoE layer; expert_bytes: w_l per layer."""
+    _check_layers(unions, expert_bytes)
+    for layer, u in enumerate(unions):
+        check_non_negative(u, f"unions[{layer}]")
+    return sum(w * u for w, u in zip(expert_bytes, unions, strict=True))
+
+
+def pass_bytes(requested_expert_bytes: Number, dense_bytes: Number, kv_bytes: Number = 0):
+    """The bytes of a pass of eq. (5): D + E_p(n) + kv. Only routed experts deduplicate
+    (E_p); D is everything a pass reads once whatever the routing: attention, norms,
+    routers, the output head, shared experts and the MLPs of dense layers."""
+    requested_expert_bytes = check_non_negative(requested_expert_bytes, "requested_expert_bytes")
+    dense_bytes = check_non_negative(dense_bytes, "dense_bytes")
+    return dense_bytes + requested_expert_bytes + check_non_negative(kv_bytes, "kv_bytes")
+
+
 def _check_layers(per_layer: Sequence[Number], expert_bytes: Sequence[Number]) -> None:
     if not expert_bytes:
         raise ValueError("expert_bytes must list w_l for at least one layer")

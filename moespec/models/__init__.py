@@ -9,7 +9,7 @@ from pathlib import Path
 import torch
 
 from moespec.kernels import ExpertWeights
-from moespec.models import llama, mixtral, olmoe, qwen3, qwen3_moe
+from moespec.models import deepseek_v2, glm4_moe, llama, mixtral, olmoe, qwen3, qwen3_moe
 from moespec.models.cache import KVCache
 from moespec.models.checkpoint import CheckpointError, TensorReader, load_experts, read_json
 from moespec.models.config import ConfigError, ModelConfig, eos_ids
@@ -25,6 +25,8 @@ ARCHITECTURES: dict[str, types.ModuleType] = {
     "mixtral": mixtral,
     "qwen3": qwen3,
     "llama": llama,
+    "deepseek_v2": deepseek_v2,
+    "glm4_moe": glm4_moe,
 }
 
 DTYPES = {
@@ -110,15 +112,15 @@ def load_model(
     path = Path(path)
     config = load_config(path)
     dtype = parse_dtype(dtype)
-    layout = ARCHITECTURES[config.model_type].LAYOUT
+    architecture = ARCHITECTURES[config.model_type]
     tokenizer = Tokenizer(path / "tokenizer.json")
-    model = _build(config, TensorReader(path), layout, dtype)
+    model = _build(config, TensorReader(path), architecture, dtype)
     if pack:
         model.pack()
     return model, tokenizer
 
 
-def _build(config: ModelConfig, reader: TensorReader, layout, dtype) -> Transformer:
+def _build(config: ModelConfig, reader: TensorReader, architecture, dtype) -> Transformer:
     c = config
     get = reader.get
     embed = get("model.embed_tokens.weight", (c.vocab_size, c.hidden_size), dtype)
@@ -126,17 +128,34 @@ def _build(config: ModelConfig, reader: TensorReader, layout, dtype) -> Transfor
         lm_head = embed
     else:
         lm_head = get("lm_head.weight", (c.vocab_size, c.hidden_size), dtype)
-    layers = [_build_layer(c, reader, layout, dtype, i) for i in range(c.num_layers)]
+    layers = [_build_layer(c, reader, architecture, dtype, i) for i in range(c.num_layers)]
     norm = get("model.norm.weight", (c.hidden_size,), dtype)
     return Transformer(c, embed, layers, norm, lm_head, dtype)
 
 
-def _build_layer(c: ModelConfig, reader: TensorReader, layout, dtype, i: int) -> Layer:
-    get = reader.get
+def _build_layer(c: ModelConfig, reader: TensorReader, architecture, dtype, i: int) -> Layer:
+    """One decoder layer; an architecture with attention of its own (MLA) builds it with
+    its `build_attention(config, reader, prefix, dtype)`."""
     prefix = f"model.layers.{i}"
+    layout = architecture.LAYOUT
+    build_attention = getattr(architecture, "build_attention", _attention)
+    h = c.hidden_size
+    if c.moe_layers[i]:
+        mlp = _moe_block(c, reader, layout, dtype, f"{prefix}.{layout.moe_prefix}")
+    else:
+        mlp = _dense_mlp(reader, f"{prefix}.mlp", h, c.intermediate_size, dtype)
+    return Layer(
+        input_norm=reader.get(f"{prefix}.input_layernorm.weight", (h,), dtype),
+        attention=build_attention(c, reader, f"{prefix}.self_attn", dtype),
+        post_attention_norm=reader.get(f"{prefix}.post_attention_layernorm.weight", (h,), dtype),
+        mlp=mlp,
+    )
+
+
+def _attention(c: ModelConfig, reader: TensorReader, attn: str, dtype) -> Attention:
+    get = reader.get
     h, d = c.hidden_size, c.head_dim
     q_size, kv_size = c.num_heads * d, c.num_kv_heads * d
-    attn = f"{prefix}.self_attn"
     qkv = torch.cat(
         [
             get(f"{attn}.q_proj.weight", (q_size, h), dtype),
@@ -164,34 +183,45 @@ def _build_layer(c: ModelConfig, reader: TensorReader, layout, dtype, i: int) ->
     elif c.qk_norm == "projection":
         q_norm = get(f"{attn}.q_norm.weight", (q_size,), dtype)
         k_norm = get(f"{attn}.k_norm.weight", (kv_size,), dtype)
-    attention = Attention(
-        qkv, get(f"{attn}.o_proj.weight", (h, q_size), dtype), qkv_bias, o_bias, q_norm, k_norm, c
+    o = get(f"{attn}.o_proj.weight", (h, q_size), dtype)
+    return Attention(qkv, o, qkv_bias, o_bias, q_norm, k_norm, c)
+
+
+def _moe_block(c: ModelConfig, reader: TensorReader, layout, dtype, moe: str) -> MoEBlock:
+    """Routed experts, their router (float32 for group-limited routing, as transformers
+    keeps it) and, where the family has them, the shared experts."""
+    h = c.hidden_size
+    gate_up, down = load_experts(
+        reader, moe, layout, c.num_experts, h, c.moe_intermediate_size, dtype
     )
-    if c.moe_layers[i]:
-        moe = f"{prefix}.{layout.moe_prefix}"
-        gate_up, down = load_experts(
-            reader, moe, layout, c.num_experts, h, c.moe_intermediate_size, dtype
-        )
-        mlp = MoEBlock(
-            router=get(f"{moe}.{layout.router}.weight", (c.num_experts, h), dtype),
-            experts=ExpertWeights(gate_up, down),
-            top_k=c.top_k,
-            renormalize=c.norm_topk_prob,
-        )
-    else:
-        inter = c.intermediate_size
-        mlp = DenseMLP(
-            gate_up=torch.cat(
-                [
-                    get(f"{prefix}.mlp.gate_proj.weight", (inter, h), dtype),
-                    get(f"{prefix}.mlp.up_proj.weight", (inter, h), dtype),
-                ]
-            ),
-            down=get(f"{prefix}.mlp.down_proj.weight", (h, inter), dtype),
-        )
-    return Layer(
-        input_norm=get(f"{prefix}.input_layernorm.weight", (h,), dtype),
-        attention=attention,
-        post_attention_norm=get(f"{prefix}.post_attention_layernorm.weight", (h,), dtype),
-        mlp=mlp,
+    router_dtype = dtype if c.routing is None else torch.float32
+    router = reader.get(f"{moe}.{layout.router}.weight", (c.num_experts, h), router_dtype)
+    bias = shared = None
+    if c.routing is not None and c.routing.correction_bias:
+        name = f"{moe}.{layout.router}.e_score_correction_bias"
+        bias = reader.get(name, (c.num_experts,), torch.float32)
+    if c.shared_experts:
+        inter = c.shared_experts * c.moe_intermediate_size
+        shared = _dense_mlp(reader, f"{moe}.shared_experts", h, inter, dtype)
+    return MoEBlock(
+        router=router,
+        experts=ExpertWeights(gate_up, down),
+        top_k=c.top_k,
+        renormalize=c.norm_topk_prob,
+        routing=c.routing,
+        correction_bias=bias,
+        shared=shared,
+    )
+
+
+def _dense_mlp(reader: TensorReader, prefix: str, hidden: int, inter: int, dtype) -> DenseMLP:
+    get = reader.get
+    return DenseMLP(
+        gate_up=torch.cat(
+            [
+                get(f"{prefix}.gate_proj.weight", (inter, hidden), dtype),
+                get(f"{prefix}.up_proj.weight", (inter, hidden), dtype),
+            ]
+        ),
+        down=get(f"{prefix}.down_proj.weight", (hidden, inter), dtype),
     )

@@ -34,11 +34,20 @@ class KVCache:
 
     def update(self, layer: int, keys: torch.Tensor, values: torch.Tensor):
         """Write this pass's keys/values [B, kv_heads, T, D]; return all valid ones incl. these."""
-        start, new = self.length, keys.shape[2]
-        stored_keys, stored_values = self.keys[layer], self.values[layer]
-        stored_keys.narrow(2, start, new).copy_(keys)
-        stored_values.narrow(2, start, new).copy_(values)
-        return stored_keys.narrow(2, 0, start + new), stored_values.narrow(2, 0, start + new)
+        return self._write(self.keys[layer], keys), self._write(self.values[layer], values)
+
+    def _write(self, stored: torch.Tensor, new: torch.Tensor) -> torch.Tensor:
+        """new [B, heads, T, D] into stored at [length, length + T); the valid rows after."""
+        stored.narrow(2, self.length, new.shape[2]).copy_(new)
+        return stored.narrow(2, 0, self.length + new.shape[2])
+
+    def layer_bytes(self, positions: int) -> int:
+        """Bytes that one layer's attention reads over `positions` cached positions."""
+        row = sum(t[0].numel() // t.shape[2] * t.element_size() for t in self._stores(0))
+        return self.keys[0].shape[0] * positions * row
+
+    def _stores(self, layer: int) -> list[torch.Tensor]:
+        return [self.keys[layer], self.values[layer]]
 
     def advance(self, new_tokens: int) -> None:
         self.length += new_tokens
@@ -48,3 +57,23 @@ class KVCache:
         if not 0 <= length <= self.length:
             raise ValueError(f"cannot roll back to {length}: the cache holds {self.length}")
         self.length = length
+
+
+class LatentCache(KVCache):
+    """Multi-head latent attention's compressed cache (DeepSeek-V2 §2.1): per layer one row
+    per position, the normed latent c_KV and the rotated shared key k_R side by side
+    [B, 1, capacity, d_c + d_R]; no per-head keys or values. Grows and rolls back as KVCache.
+    """
+
+    def __init__(self, num_layers, batch, width, dtype, capacity=256):
+        shape = (batch, 1, capacity, width)
+        self.keys = [torch.zeros(shape, dtype=dtype) for _ in range(num_layers)]
+        self.values = []  # nothing more to store (reserve() grows the keys alone)
+        self.length = 0
+
+    def update_rows(self, layer: int, rows: torch.Tensor) -> torch.Tensor:
+        """Write this pass's rows [B, 1, T, d_c + d_R]; return all valid ones incl. these."""
+        return self._write(self.keys[layer], rows)
+
+    def _stores(self, layer: int) -> list[torch.Tensor]:
+        return [self.keys[layer]]

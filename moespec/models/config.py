@@ -8,10 +8,43 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 QkNorm = Literal["none", "head", "projection"]
+RouterScoring = Literal["softmax", "sigmoid"]
+GroupScore = Literal["max", "top2"]
 
 
 class ConfigError(ValueError):
     """config.json is missing a key or holds a value moespec cannot run."""
+
+
+@dataclass(frozen=True)
+class LatentAttentionConfig:
+    """Multi-head latent attention (DeepSeek-V2 §2.1.2): keys and values come from one
+    compressed latent c_KV of `kv_lora_rank` per position plus one rotary key k_R shared by
+    all heads; queries come straight from h (q_lora_rank None) or through their own latent."""
+
+    kv_lora_rank: int  # d_c
+    q_lora_rank: int | None  # d'_c
+    qk_nope_head_dim: int  # d_h of the latent part of q and k
+    qk_rope_head_dim: int  # d_h^R of the rotary part
+    v_head_dim: int
+    softmax_scale: float  # 1/sqrt(d_h + d_h^R), times yarn's mscale^2 when scaled
+
+
+@dataclass(frozen=True)
+class GroupRouting:
+    """Group-limited top-k routing (DeepSeek-V2 §2.2.2 and GLM-4.5): experts fall into
+    `groups` equal groups; each token keeps its `top_groups` best groups (a group scores its
+    best expert, "max", or its two best, "top2"), then its top-k experts within them.
+    Weights are the scores of the chosen experts (renormalised if asked) times `scale`.
+    groups = top_groups = 1 is plain top-k. `correction_bias`: sigmoid routers add a
+    per-expert bias to the scores for choosing only (GLM-4.5's e_score_correction_bias)."""
+
+    scoring: RouterScoring = "softmax"
+    groups: int = 1
+    top_groups: int = 1
+    group_score: GroupScore = "max"
+    scale: float = 1.0
+    correction_bias: bool = False
 
 
 @dataclass(frozen=True)
@@ -40,6 +73,10 @@ class ModelConfig:
     norm_topk_prob: bool = False
     # Which layers are MoE (the rest are dense MLP); derived when left empty.
     moe_layers: tuple[bool, ...] = ()
+    routing: GroupRouting | None = None  # None: softmax over all experts, top-k
+    shared_experts: int = 0  # experts every token uses, beside the routed ones
+    rotary_dim: int = 0  # dimensions of each head that rotate (0: all of head_dim)
+    latent_attention: LatentAttentionConfig | None = None
     bos_token_id: int | None = None
     eos_token_ids: tuple[int, ...] = ()
     max_position_embeddings: int = 4096
@@ -77,6 +114,18 @@ class ModelConfig:
                 raise ConfigError("the experts' intermediate size must be positive")
         if not all(self.moe_layers) and self.intermediate_size < 1:
             raise ConfigError("dense layers need a positive intermediate_size")
+        if not 0 <= self.rotary_dim <= self.head_dim or self.rotary_dim % 2:
+            raise ConfigError(
+                f"the rotary dimensions ({self.rotary_dim}) must be even and at most "
+                f"head_dim ({self.head_dim})"
+            )
+        if self.routing is not None and self.is_moe:
+            check_group_routing(self.routing, self.num_experts, self.top_k)
+
+    @property
+    def rotary_dims(self) -> int:
+        """Dimensions of each head that rotate."""
+        return self.rotary_dim or self.head_dim
 
     @property
     def is_moe(self) -> bool:
@@ -85,6 +134,21 @@ class ModelConfig:
     @property
     def num_moe_layers(self) -> int:
         return sum(self.moe_layers)
+
+
+def check_group_routing(routing: GroupRouting, num_experts: int, top_k: int) -> None:
+    r = routing
+    if r.groups < 1 or num_experts % r.groups:
+        raise ConfigError(f"n_group ({r.groups}) must divide the {num_experts} routed experts")
+    if not 1 <= r.top_groups <= r.groups:
+        raise ConfigError(f"topk_group must be in 1..{r.groups} (n_group), got {r.top_groups}")
+    if top_k > r.top_groups * (num_experts // r.groups):
+        raise ConfigError(
+            f"num_experts_per_tok ({top_k}) exceeds the experts of the {r.top_groups} "
+            "groups a token keeps"
+        )
+    if r.group_score == "top2" and num_experts // r.groups < 2:
+        raise ConfigError("a group scored by its two best experts needs at least 2 experts")
 
 
 def require(raw: dict, *keys: str, source: str = "config.json"):
@@ -111,12 +175,17 @@ def rope_settings(raw: dict) -> tuple[float, dict | None]:
         scaling = params
     if scaling is not None:
         kind = scaling.get("rope_type", scaling.get("type", "default"))
-        if kind not in ("default", "linear", "llama3"):
+        if kind not in ("default", "linear", "llama3", "yarn"):
             raise ConfigError(
-                f"rope scaling type {kind!r} is not supported (default, linear, llama3)"
+                f"rope scaling type {kind!r} is not supported (default, linear, llama3, yarn)"
             )
         if kind == "default":
             scaling = None
+        elif kind == "yarn":  # transformers: the top-level key first, then the context
+            original = raw.get("original_max_position_embeddings") or scaling.get(
+                "original_max_position_embeddings", raw.get("max_position_embeddings")
+            )
+            scaling = {**scaling, "original_max_position_embeddings": original}
     return float(theta), scaling
 
 

@@ -11,7 +11,7 @@ import torch
 import torch.nn.functional as F
 
 from moespec.kernels.invariance import is_batch_invariant
-from moespec.kernels.linear import linear
+from moespec.kernels.linear import linear, pack
 from moespec.models.cache import KVCache
 from moespec.models.config import ModelConfig
 
@@ -29,8 +29,9 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
 
 
 def rope_inverse_frequencies(config: ModelConfig) -> torch.Tensor:
-    """theta^(-2i/D), with linear or Llama-3 frequency scaling when the config asks for it."""
-    dim = config.head_dim
+    """theta^(-2i/D) over the rotary dimensions D, with linear, Llama-3 or yarn frequency
+    scaling when the config asks for it."""
+    dim = config.rotary_dims
     inv_freq = 1.0 / (
         config.rope_theta ** (torch.arange(0, dim, 2, dtype=torch.int64).float() / dim)
     )
@@ -38,6 +39,8 @@ def rope_inverse_frequencies(config: ModelConfig) -> torch.Tensor:
     if not scaling:
         return inv_freq
     kind = scaling.get("rope_type", scaling.get("type"))
+    if kind == "yarn":
+        return yarn_inverse_frequencies(config)
     factor = float(scaling["factor"])
     if kind == "linear":
         return inv_freq / factor
@@ -52,6 +55,56 @@ def rope_inverse_frequencies(config: ModelConfig) -> torch.Tensor:
     return torch.where(medium, smoothed, scaled)
 
 
+def yarn_factor(config: ModelConfig) -> float:
+    """Yarn's context extension factor s (given, or the ratio of the contexts)."""
+    scaling = config.rope_scaling
+    original = float(scaling["original_max_position_embeddings"])
+    return float(scaling.get("factor") or config.max_position_embeddings / original)
+
+
+def yarn_mscale(factor: float, mscale: float = 1.0) -> float:
+    """0.1 m ln(s) + 1 for s > 1 (Peng et al. 2023, yarn's attention temperature)."""
+    return 1.0 if factor <= 1 else 0.1 * mscale * math.log(factor) + 1.0
+
+
+def yarn_inverse_frequencies(config: ModelConfig) -> torch.Tensor:
+    """Yarn (Peng et al. 2023, eqs. 17-19): dimensions that turn fewer than beta_slow times
+    over the original context are interpolated (divided by s), those that turn more than
+    beta_fast times are kept, with a linear ramp between (as transformers computes it)."""
+    scaling, dim, base = config.rope_scaling, config.rotary_dims, config.rope_theta
+    factor = yarn_factor(config)
+    original = float(scaling["original_max_position_embeddings"])
+    fast, slow = scaling.get("beta_fast") or 32, scaling.get("beta_slow") or 1
+
+    def dimension(rotations: float) -> float:  # the dimension that turns `rotations` times
+        return dim * math.log(original / (rotations * 2 * math.pi)) / (2 * math.log(base))
+
+    low, high = dimension(fast), dimension(slow)
+    if scaling.get("truncate", True):
+        low, high = math.floor(low), math.ceil(high)
+    low, high = max(low, 0), min(high, dim - 1)
+    if low == high:
+        high += 0.001  # no singular ramp
+    ramp = ((torch.arange(dim // 2, dtype=torch.float32) - low) / (high - low)).clamp(0, 1)
+    positions = base ** (torch.arange(0, dim, 2).to(torch.float32) / dim)
+    keep = 1 - ramp  # share of the original (extrapolated) frequency
+    return 1.0 / (factor * positions) * (1 - keep) + 1.0 / positions * keep
+
+
+def rope_attention_factor(config: ModelConfig) -> float:
+    """The factor yarn puts on cos and sin (1 for other kinds of rope)."""
+    scaling = config.rope_scaling
+    if not scaling or scaling.get("rope_type", scaling.get("type")) != "yarn":
+        return 1.0
+    if scaling.get("attention_factor") is not None:
+        return float(scaling["attention_factor"])
+    factor = yarn_factor(config)
+    mscale, mscale_all_dim = scaling.get("mscale"), scaling.get("mscale_all_dim")
+    if mscale and mscale_all_dim:
+        return yarn_mscale(factor, mscale) / yarn_mscale(factor, mscale_all_dim)
+    return yarn_mscale(factor)
+
+
 class Rotary:
     """cos/sin tables by position, computed in float32, held in the model dtype, grown on
     demand, so that a pass takes its rows as a slice (no per-step tensor creation).
@@ -62,27 +115,34 @@ class Rotary:
 
     def __init__(self, config: ModelConfig, dtype: torch.dtype = torch.float32):
         self.inv_freq = rope_inverse_frequencies(config)
+        self.attention_factor = rope_attention_factor(config)
         self.dtype = dtype
-        self.cos = self.sin = torch.empty(0, 1, config.head_dim, dtype=dtype)
+        self.cos = self.sin = torch.empty(0, 1, config.rotary_dims, dtype=dtype)
 
     def tables(self, start: int, tokens: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """(cos, sin) [T, 1, D] of positions start .. start + T - 1."""
+        """(cos, sin) [T, 1, R] of positions start .. start + T - 1 (R rotary dimensions)."""
         needed = start + tokens
         if needed > self.cos.shape[0]:
             size = max(needed, 2 * self.cos.shape[0], 256)
             freqs = torch.arange(size, dtype=torch.float32)[:, None] * self.inv_freq
             half = freqs.shape[1]
             emb = torch.cat((freqs, freqs), dim=-1)
-            sin = emb.sin()
+            cos, sin = emb.cos(), emb.sin()
+            if self.attention_factor != 1.0:
+                cos, sin = cos * self.attention_factor, sin * self.attention_factor
             sin[:, :half] = -sin[:, :half]
-            # [P, 1, D]: broadcast over heads without a per-pass unsqueeze
-            self.cos, self.sin = emb.cos()[:, None].to(self.dtype), sin[:, None].to(self.dtype)
+            # [P, 1, R]: broadcast over heads without a per-pass unsqueeze
+            self.cos, self.sin = cos[:, None].to(self.dtype), sin[:, None].to(self.dtype)
         return self.cos[start:needed], self.sin[start:needed]
 
 
 def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """Rotary embedding of x [..., T, heads, D] with Rotary.tables' signed (cos, sin)."""
-    return x * cos + x.roll(x.shape[-1] // 2, -1) * sin
+    """Rotary embedding of x [..., T, heads, D] with Rotary.tables' signed (cos, sin); with
+    R < D rotary dimensions (partial rotary, GLM-4.5) the last D - R pass unchanged."""
+    dim = cos.shape[-1]
+    if dim < x.shape[-1]:
+        return torch.cat((rotate(x[..., :dim], cos, sin), x[..., dim:]), dim=-1)
+    return x * cos + x.roll(dim // 2, -1) * sin
 
 
 @dataclass
@@ -127,6 +187,22 @@ class Attention:
         keys, values = cache.update(layer, k.transpose(1, 2), v.transpose(1, 2))  # [B, K, L, D]
         return linear(attend(q, keys, values, mask), self.o, self.o_bias)
 
+    def new_cache(self, num_layers: int, batch: int, dtype, capacity: int) -> KVCache:
+        c = self.config
+        return KVCache(num_layers, batch, c.num_kv_heads, c.head_dim, dtype, capacity)
+
+    def tensors(self) -> list:
+        """Every weight of the layer's attention (what a pass reads once)."""
+        optional = (self.qkv_bias, self.o_bias, self.q_norm, self.k_norm)
+        return [self.qkv, self.o, *(t for t in optional if t is not None)]
+
+    def products(self) -> list:
+        """The weights of its matrix products."""
+        return [self.qkv, self.o]
+
+    def pack(self) -> None:
+        self.qkv, self.o = pack(self.qkv), pack(self.o)
+
     def _project_separately(self, qkv, cos, sin):
         """q, k, v [B, T, heads, D] for norms over the whole projection (OLMoE) or clipping."""
         c = self.config
@@ -151,38 +227,39 @@ class Attention:
         return rotate(q, cos, sin), rotate(k, cos, sin), v
 
 
-def attend(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, mask) -> torch.Tensor:
-    """Scaled dot-product attention of q [B, T, N, D] over the cache's keys/values
-    [B, K, L, D]; returns [B, T, N D].
+def attend(q: torch.Tensor, keys, values, mask, scale: float | None = None) -> torch.Tensor:
+    """Scaled dot-product attention of q [B, T, N, D] over the cache's keys [B, K, L, D] and
+    values [B, K, L, Dv]; returns [B, T, N Dv]. scale: of the scores (default 1/sqrt(D)).
 
     In reduced precision the library's grouped-query path is slow on CPU (4-6x at T = 1), so
     the G = N / K query heads sharing a key head are laid out as G T query rows of that head
     (same results, bit for bit); in float32 the grouped path is fast and is kept.
     """
-    batch, tokens, heads, dim = q.shape
+    batch, tokens, heads, _ = q.shape
+    dim = values.shape[-1]
     if tokens > 1 and is_batch_invariant():
-        return _attend_rows(q, keys, values, mask)
+        return _attend_rows(q, keys, values, mask, scale)
     kv_heads = keys.shape[1]
     group = heads // kv_heads
     if q.dtype == torch.float32 or group == 1:
         out = F.scaled_dot_product_attention(
-            q.transpose(1, 2), keys, values, attn_mask=mask, enable_gqa=group > 1
-        )  # [B, N, T, D]
+            q.transpose(1, 2), keys, values, attn_mask=mask, enable_gqa=group > 1, scale=scale
+        )  # [B, N, T, Dv]
         return out.transpose(1, 2).reshape(batch, tokens, heads * dim)
     if tokens == 1:  # heads n = k G + g are already in row order: views only
-        rows = q.reshape(batch, kv_heads, group, dim)
-        out = F.scaled_dot_product_attention(rows, keys, values, attn_mask=mask)
+        rows = q.reshape(batch, kv_heads, group, q.shape[-1])
+        out = F.scaled_dot_product_attention(rows, keys, values, attn_mask=mask, scale=scale)
         return out.reshape(batch, 1, heads * dim)
-    rows = q.reshape(batch, tokens, kv_heads, group, dim).permute(0, 2, 1, 3, 4)
-    rows = rows.reshape(batch, kv_heads, tokens * group, dim)  # row t G + g
+    rows = q.reshape(batch, tokens, kv_heads, group, q.shape[-1]).permute(0, 2, 1, 3, 4)
+    rows = rows.reshape(batch, kv_heads, tokens * group, q.shape[-1])  # row t G + g
     if mask is not None:
         mask = mask.repeat_interleave(group, dim=0)  # [T G, L]
-    out = F.scaled_dot_product_attention(rows, keys, values, attn_mask=mask)
+    out = F.scaled_dot_product_attention(rows, keys, values, attn_mask=mask, scale=scale)
     out = out.view(batch, kv_heads, tokens, group, dim).permute(0, 2, 1, 3, 4)
     return out.reshape(batch, tokens, heads * dim)
 
 
-def _attend_rows(q, keys, values, mask) -> torch.Tensor:
+def _attend_rows(q, keys, values, mask, scale=None) -> torch.Tensor:
     """Each query row as a one-token pass computes it: over exactly the keys it sees, with
     the mask a one-token pass has (none where it sees them all): batch-invariant attention."""
     tokens = q.shape[1]
@@ -193,7 +270,9 @@ def _attend_rows(q, keys, values, mask) -> torch.Tensor:
         row_mask = None if mask is None else mask[i : i + 1, :seen]
         if row_mask is not None and bool(row_mask.all()):
             row_mask = None
-        rows.append(attend(q[:, i : i + 1], keys[:, :, :seen], values[:, :, :seen], row_mask))
+        rows.append(
+            attend(q[:, i : i + 1], keys[:, :, :seen], values[:, :, :seen], row_mask, scale)
+        )
     return torch.cat(rows, dim=1)
 
 
@@ -219,3 +298,11 @@ class DenseMLP:
     def __call__(self, x: torch.Tensor, **_) -> torch.Tensor:
         gate, up = linear(x, self.gate_up).chunk(2, dim=-1)
         return linear(F.silu(gate) * up, self.down)
+
+    def tensors(self) -> list:
+        return [self.gate_up, self.down]
+
+    products = tensors
+
+    def pack(self) -> None:
+        self.gate_up, self.down = pack(self.gate_up), pack(self.down)

@@ -1,6 +1,7 @@
-"""The MoE block: router -> (weights, ids) -> expert kernel -> combine.
+"""The MoE block: router -> (weights, ids) -> expert kernel -> combine (+ shared experts).
 
-T = tokens of the pass (batch flattened), H = hidden, E = experts, m = experts per token.
+T = tokens of the pass (batch flattened), H = hidden, E = experts, m = experts per token,
+G = expert groups.
 """
 
 from collections.abc import Callable
@@ -9,7 +10,9 @@ from dataclasses import dataclass
 import torch
 
 from moespec.kernels import ExpertWeights, get_kernel
-from moespec.kernels.linear import linear
+from moespec.kernels.linear import linear, pack
+from moespec.models.config import GroupRouting
+from moespec.models.layers import DenseMLP
 
 # sink(layer, expert_ids [T, m], expert_weights [T, m]): sees the routing of every pass.
 RoutingSink = Callable[[int, torch.Tensor, torch.Tensor], None]
@@ -34,12 +37,55 @@ def route(
     return weights, ids
 
 
+def route_groups(
+    x: torch.Tensor,
+    router: torch.Tensor,
+    top_k: int,
+    renormalize: bool,
+    routing: GroupRouting,
+    correction_bias: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Group-limited top-k (DeepSeek-V2 §2.2.2, GLM-4.5), computed in float32 as
+    transformers' DeepseekV2TopkRouter and Glm4MoeTopkRouter do: the scores s (softmax or
+    sigmoid of the logits), plus the correction bias for choosing only; the top groups by
+    their best (or two best) scores; the top k experts within them; weights s of those,
+    renormalised if asked, times the routed scaling factor. Returns (weights, ids) [T, m]."""
+    logits = linear(x.float(), router)  # [T, E]
+    scores = logits.softmax(dim=-1) if routing.scoring == "softmax" else logits.sigmoid()
+    choice = scores if correction_bias is None else scores + correction_bias
+    if routing.top_groups < routing.groups:
+        grouped = choice.view(choice.shape[0], routing.groups, -1)  # [T, G, E / G]
+        if routing.group_score == "max":
+            group_scores = grouped.max(dim=-1).values
+        else:
+            group_scores = grouped.topk(2, dim=-1).values.sum(dim=-1)
+        kept = torch.topk(group_scores, routing.top_groups, dim=-1).indices  # [T, top groups]
+        dropped = torch.ones_like(group_scores, dtype=torch.bool).scatter_(1, kept, False)
+        choice = grouped.masked_fill(dropped[..., None], float("-inf")).view_as(choice)
+    ids = torch.topk(choice, top_k, dim=-1).indices
+    weights = scores.gather(1, ids)
+    if renormalize:
+        weights = weights / (weights.sum(dim=-1, keepdim=True) + 1e-20)
+    return weights * routing.scale, ids
+
+
 @dataclass
 class MoEBlock:
     router: torch.Tensor  # [E, H]
     experts: ExpertWeights
     top_k: int
     renormalize: bool
+    routing: GroupRouting | None = None  # None: `route` (softmax over all experts, top-k)
+    correction_bias: torch.Tensor | None = None  # [E], float32 (sigmoid routers)
+    shared: DenseMLP | None = None  # shared experts: every token, beside its routed ones
+
+    def route(self, flat: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(weights, ids) [T, m] of the routed experts of flat [T, H]."""
+        if self.routing is None:
+            return route(flat, self.router, self.top_k, self.renormalize)
+        return route_groups(
+            flat, self.router, self.top_k, self.renormalize, self.routing, self.correction_bias
+        )
 
     def __call__(
         self,
@@ -53,9 +99,29 @@ class MoEBlock:
         # x: [B, T, H]
         shape = x.shape
         flat = x.reshape(-1, shape[-1])
-        weights, ids = route(flat, self.router, self.top_k, self.renormalize)
-        if sink is not None:
+        weights, ids = self.route(flat)
+        if sink is not None:  # the routed experts only: shared ones are dense bytes
             sink(layer, ids, weights)
         if offload is not None:  # the experts live in the executor's tiers, not in self.experts
-            return offload(layer, flat, ids, weights, kernel).view(shape)
-        return get_kernel(kernel)(flat, ids, weights, self.experts).view(shape)
+            y = offload(layer, flat, ids, weights, kernel).view(shape)
+        else:
+            y = get_kernel(kernel)(flat, ids, weights, self.experts).view(shape)
+        if self.shared is not None:
+            y = y + self.shared(x)
+        return y
+
+    def dense_tensors(self) -> list:
+        """The weights a pass reads once whatever the routing: router, bias, shared experts."""
+        shared = self.shared.tensors() if self.shared is not None else []
+        bias = [self.correction_bias] if self.correction_bias is not None else []
+        return [self.router, *bias, *shared]
+
+    def products(self) -> list:
+        """Weights of the block's products beside the experts' (for thread reports)."""
+        return self.shared.products() if self.shared is not None else []
+
+    def pack(self) -> None:
+        self.router = pack(self.router)
+        self.experts.pack()
+        if self.shared is not None:
+            self.shared.pack()

@@ -48,8 +48,9 @@ class Transformer:
         }
 
     def new_cache(self, batch: int = 1, capacity: int = 256) -> KVCache:
-        c = self.config
-        return KVCache(c.num_layers, batch, c.num_kv_heads, c.head_dim, self.dtype, capacity)
+        """The cache the attention keeps (keys and values, or MLA's compressed rows)."""
+        attention = self.layers[0].attention
+        return attention.new_cache(self.config.num_layers, batch, self.dtype, capacity)
 
     @torch.inference_mode()
     def forward(
@@ -78,7 +79,7 @@ class Transformer:
         cache.reserve(length)
         with (
             batch_invariance(self.batch_invariant and batch * length <= MAX_PASS),
-            pass_threads(self._attention_bytes(batch, start + length)),
+            pass_threads(cache.layer_bytes(start + length)),
         ):
             cos, sin = self.rotary.tables(start, length)
             mask = attention_mask(start, length, self.config.sliding_window)
@@ -93,23 +94,15 @@ class Transformer:
                 h = h[:, -1:]
             return linear(rms_norm(h, self.norm, eps), self.lm_head).float()
 
-    def _attention_bytes(self, batch: int, positions: int) -> int:
-        """The keys and values one layer's attention reads: the size of a pass's largest
-        operation besides its products (moespec.kernels.threads)."""
-        c = self.config
-        return 2 * batch * positions * c.num_kv_heads * c.head_dim * self.embed.element_size()
-
     def thread_plan(self, tokens: int = 1) -> dict:
         """Threads of a pass of `tokens` tokens at the current setting: the products that
         run on one thread and on all (moespec.kernels.threads), for reports."""
         available = torch.get_num_threads()
         products = [self.lm_head]
         for layer in self.layers:
-            products += [layer.attention.qkv, layer.attention.o]
+            products += layer.attention.products() + layer.mlp.products()
             if isinstance(layer.mlp, MoEBlock):
                 products += list(layer.mlp.experts.weights(0)) * layer.mlp.top_k
-            else:
-                products += [layer.mlp.gate_up, layer.mlp.down]
         threads = [threads_for(w.nbytes * tokens, available) for w in products]
         return {
             "available": available,
@@ -125,30 +118,34 @@ class Transformer:
         bytes, same results): attention, dense MLPs, the output head and every expert.
         A head tied to the embeddings is packed as a copy (the lookup needs the table)."""
         for layer in self.layers:
-            a = layer.attention
-            a.qkv, a.o = pack(a.qkv), pack(a.o)
-            if isinstance(layer.mlp, MoEBlock):
-                layer.mlp.router = pack(layer.mlp.router)
-                layer.mlp.experts.pack()
-            else:
-                layer.mlp.gate_up, layer.mlp.down = pack(layer.mlp.gate_up), pack(layer.mlp.down)
+            layer.attention.pack()
+            layer.mlp.pack()
         self.lm_head = pack(self.lm_head)
         return self
 
     def parameter_bytes(self) -> dict[str, int]:
-        """Bytes of the weights: all experts, and the dense bytes D every pass reads once
-        (attention, norms, routers, dense MLPs, the output head; not the embedding table,
-        of which a pass reads only its tokens' rows, unless it is tied to the head)."""
+        """Bytes of the weights (seed 000's split of a pass's bytes): the routed experts,
+        which a deduplicating kernel reads once per pass per distinct expert, and the dense
+        bytes D every pass reads once whatever the routing (attention, norms, routers, shared
+        experts, dense-layer MLPs, the output head; not the embedding table, of which a pass
+        reads only its tokens' rows, unless it is tied to the head). `shared_experts` and
+        `dense_mlp` are the parts of D that shared experts and dense layers' MLPs make."""
         experts = sum(
             b.experts.gate_up.nbytes + b.experts.down.nbytes for b in self.moe_blocks.values()
         )
-        tensors = [self.norm, self.lm_head]
+        tensors, shared, dense_mlp = [self.norm, self.lm_head], 0, 0
         for layer in self.layers:
-            a = layer.attention
-            tensors += [layer.input_norm, layer.post_attention_norm, a.qkv, a.o]
-            tensors += [t for t in (a.qkv_bias, a.o_bias, a.q_norm, a.k_norm) if t is not None]
+            tensors += [layer.input_norm, layer.post_attention_norm, *layer.attention.tensors()]
             if isinstance(layer.mlp, MoEBlock):
-                tensors.append(layer.mlp.router)
+                tensors += layer.mlp.dense_tensors()
+                if layer.mlp.shared is not None:
+                    shared += sum(t.nbytes for t in layer.mlp.shared.tensors())
             else:
-                tensors += [layer.mlp.gate_up, layer.mlp.down]
-        return {"experts": experts, "dense": sum(t.nbytes for t in tensors)}
+                tensors += layer.mlp.tensors()
+                dense_mlp += sum(t.nbytes for t in layer.mlp.tensors())
+        return {
+            "experts": experts,
+            "dense": sum(t.nbytes for t in tensors),
+            "shared_experts": shared,
+            "dense_mlp": dense_mlp,
+        }

@@ -3,9 +3,9 @@
 Each preset gives the MoE layers L (and which decoder layers they are), the routed experts N,
 the experts per token m, and the expert bytes w_l of a SwiGLU expert in bf16:
 w = 3 x hidden x intermediate x 2 bytes (gate, up and down projections). Shared experts, which
-every token uses, are read once per pass whatever the routing: they are dense bytes, not part
-of a trace. `published_reuse2` is the layer-mean rho(2) that seed 000 measured on the model
-(§2, Fig. 1), where it did.
+every token uses, and the MLPs of dense decoder layers are read once per pass whatever the
+routing: they are dense bytes, not part of a trace. `published_reuse2` is the layer-mean
+rho(2) that seed 000 measured on the model (§2, Fig. 1), where it did.
 """
 
 from dataclasses import dataclass
@@ -23,6 +23,7 @@ class ModelShape:
     hidden_size: int
     expert_intermediate_size: int
     shared_experts: int = 0
+    dense_intermediate_size: int = 0  # the SwiGLU MLP of each dense (non-MoE) decoder layer
     published_reuse2: float | None = None
 
     def __post_init__(self):
@@ -51,6 +52,12 @@ class ModelShape:
         """Bytes of the shared experts of one MoE layer (dense: read once per pass)."""
         return self.shared_experts * self.bytes_per_expert
 
+    @property
+    def dense_mlp_bytes(self) -> int:
+        """Bytes of the MLPs of all dense decoder layers (dense: read once per pass)."""
+        dense_layers = self.num_decoder_layers - self.num_layers
+        return dense_layers * 3 * self.hidden_size * self.dense_intermediate_size * BF16_BYTES
+
 
 SHAPES: dict[str, ModelShape] = {
     shape.name: shape
@@ -75,6 +82,19 @@ SHAPES: dict[str, ModelShape] = {
             hidden_size=2048,
             expert_intermediate_size=1408,
             shared_experts=2,
+            dense_intermediate_size=10944,
+        ),
+        # GLM-4.5-Air: transformers' Glm4MoeConfig defaults (first_k_dense_replace = 1).
+        ModelShape(
+            name="glm-4.5-air",
+            num_decoder_layers=46,
+            layer_indices=tuple(range(1, 46)),
+            num_experts=128,
+            top_k=8,
+            hidden_size=4096,
+            expert_intermediate_size=1408,
+            shared_experts=1,
+            dense_intermediate_size=10944,
         ),
         ModelShape(
             name="olmoe-1b-7b",

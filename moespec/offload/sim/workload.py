@@ -59,7 +59,10 @@ def synthetic_workload(
         seed=seed,
     )
     trace.metadata["target_reuse2"] = target
+    # D_l of an MoE layer: attention and shared experts, plus its share of the dense layers'
+    # MLPs (a step reads them once, like the rest of D).
     dense = ATTENTION_BYTES_PER_HIDDEN2 * shape.hidden_size**2 + shape.shared_expert_bytes
+    dense += shape.dense_mlp_bytes / shape.num_layers
     return Workload(f"{model} rho2={target:g}", trace, fit_tokens, dense, shape.hidden_size)
 
 
