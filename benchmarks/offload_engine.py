@@ -103,6 +103,8 @@ class Bench:
             acceptance=self.args.acceptance,
             tokens=measured["tokens"],
             seed=self.args.seed,
+            # the measured run's own accepted drafts: both take the same steps
+            accepted=tuple(measured["accepted"]) if k and "accepted" in measured else None,
             **self.sim_settings,
         )
         return side_by_side(measured, simulate(self.trace, policy, self.profile, settings))
@@ -296,6 +298,7 @@ class CheckpointBench(Bench):
             "steps": steps,
             "tokens": s["generated_tokens"] - 1,
             "mean_accepted_per_step": s["mean_accepted_per_step"],
+            "accepted": [r.accepted for r in records if r.phase == "decode"],
         }
         if engine is not None:
             decode = records[1:]

@@ -34,17 +34,22 @@ draft and earlier layers; a copy holds its cache bytes from its start). Then, in
     accelerator  G_l = r_l + sum of a_l over experts arrived by r_l, then for each awaited
                  expert in order of arrival: G_l = max(G_l, arrival) + a_l(c)
     CPU          C_l = r_l + z + sum of g_l over the CPU experts, stretched by contention
-    layer end    t_{l+1} = max(G_l, C_l)
+    layer end    t_{l+1} = max(G_l, C_l) + (1 - o) min(G_l - r_l, C_l - r_l)
+                 (o: the profile's tier overlap, 1 for two devices; below 1 where one
+                 processor computes both tiers, as on `this-machine`)
 
 Host-memory contention (profile's B_host > 0): the CPU's expert reads and the copy engine share
 host memory. While the link copies, the CPU reads weights at min(B_cpu, B_host - B_link): the
 weight-reading part M of C_l, with a share rho of [r_l, r_l + C_l] overlapped by copies, takes
 M (1 - rho) + M rho B_cpu / min(B_cpu, B_host - B_link). Copies keep their pace (the DMA engine
 is not throttled), an assumption. The step ends at t_L + phi_step; tokens/s = emitted tokens
-/ total time. The accelerator's memory is its own, and the link's other direction (hidden
-states) free.
+/ total time. A profile with `decisions_on_clock` (this machine: the engine's policy runs in
+Python on the cores that compute) adds the measured wall time of each layer's policy and
+driver calls (plan, fetch admission, finish) to the virtual clock. The accelerator's memory is
+its own, and the link's other direction (hidden states) free.
 """
 
+import time
 from collections import deque
 from dataclasses import dataclass, field
 
@@ -70,6 +75,9 @@ class SimulationSettings:
     bytes_per_parameter: float = 2.0  # bf16
     rejected_routing: str = "popularity"  # or "continuation"; "trace" when given an array
     record: bool = False  # keep a per-layer log (for checks; slow and large on long runs)
+    # The accepted drafts of each step, replayed instead of the seeded draws (a measured run's,
+    # so that simulation and measurement take the same steps); steps past its end: k.
+    accepted: tuple[int, ...] | None = None
 
     def __post_init__(self):
         if not 0 <= self.cache_ratio <= 1:
@@ -137,6 +145,8 @@ class SimulationResult:
             "seconds": self.seconds,
             "layer_ms": self.layer_ms,
             "draft_seconds": self.draft_seconds,
+            "pass_seconds": self.pass_seconds,
+            "num_layers": self.num_layers,
             **self.stats.to_dict(),
             "needed_experts": self.stats.needed,
             "preload_bytes": self.preload_bytes,
@@ -166,6 +176,7 @@ class _Costs:
             left = max(p.host_memory_bandwidth - p.link_bandwidth, 1e-3 * p.cpu_bandwidth)
             self.cpu_slowdown = p.cpu_bandwidth / min(p.cpu_bandwidth, left)
         self.link_latency, self.link_bandwidth = p.link_latency, p.link_bandwidth
+        self.tier_overlap, self.decisions_on_clock = p.tier_overlap, p.decisions_on_clock
         self.hidden_bytes_per_token = 2 * s.hidden_size
         draft_bytes = s.draft_bytes_ratio * trace.num_experts * w.sum()
         self.draft_token = p.draft_token_time + draft_bytes / p.accelerator_bandwidth
@@ -298,6 +309,9 @@ class _Run:
         n = min(self.k + 1, self._doc_end() - self.pos)
         drafts = self.rng.random(self.k) < self.s.acceptance  # drawn whatever n is: same steps
         accepted = int(np.argmin(drafts)) if not drafts.all() else self.k
+        if self.s.accepted is not None:
+            given = self.s.accepted
+            accepted = min(given[self.steps], self.k) if self.steps < len(given) else self.k
         emitted = min(accepted + 1, n, self.s.tokens - self.emitted)
         counts = _step_counts(self._window(n, accepted), self.trace.num_experts)
         self.smape.update(counts)
@@ -351,7 +365,9 @@ class _Run:
             self.accuracy.update(layer, hot, row)
         self.previous_pass.update(layer, self.active[layer], row)
         self.active[layer] = row > 0
+        decided = time.perf_counter()
         placed = self.driver.plan(layer, experts, counts, now, link.fetch)
+        now += self._decision_time(decided)
         accelerator, cpu = placed.accelerator, placed.cpu
         acc_busy, acc_end = self._accelerator_time(layer, accelerator, row, now)
         cpu_busy = 0.0
@@ -366,6 +382,8 @@ class _Run:
                 overlap = min(link.busy_within(now, now + cpu_busy) / cpu_busy, 1.0)
                 cpu_busy += len(cpu) * costs.cpu_read[layer] * overlap * (costs.cpu_slowdown - 1)
         end = max(acc_end, now + cpu_busy)
+        if costs.tier_overlap < 1.0:  # one processor for both tiers: they take turns
+            end += (1.0 - costs.tier_overlap) * min(acc_end - now, cpu_busy)
         link.advance(end)  # copies that start while the layer computes
         if self.log is not None:
             self.log["layers"].append(
@@ -391,8 +409,14 @@ class _Run:
             link.layer_copy_seconds,
             link.layer_copies,
         )
+        decided = time.perf_counter()
         self.driver.finish(layer, experts, counts, placed, timing)
-        return end
+        return end + self._decision_time(decided)
+
+    def _decision_time(self, since: float) -> float:
+        """The wall time of the policy and driver calls since `since`, when the profile puts
+        decisions on the clock (they run on the processor that computes, in this process)."""
+        return time.perf_counter() - since if self.costs.decisions_on_clock else 0.0
 
     def _accelerator_time(self, layer, accelerator, row, now) -> tuple[float, float]:
         costs = self.costs
