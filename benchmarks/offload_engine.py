@@ -111,17 +111,28 @@ class Bench:
 
     def calibrate(self, row: dict) -> dict:
         """Set the profile's fixed time per layer so that the simulated in-memory step
-        without speculation takes the measured one: (measured - simulated) / L."""
+        without speculation takes the measured one: (measured - simulated) / L; and its time
+        per pass token from passes of 1 and k + 1 tokens timed alone (`pass_growth_ms`)."""
         measured, simulated = row["measured"]["step_ms"], row["simulated"]["step_ms"]
         before = self.profile.layer_time
         layer_time = before + max(measured - simulated, 0.0) * 1e-3 / self.trace.num_layers
-        self.profile = replace(self.profile, layer_time=layer_time)
+        k = self.args.draft_length
+        growth = self.pass_growth_ms(k + 1) if k else 0.0
+        token_time = max(growth, 0.0) * 1e-3 / (k * self.trace.num_layers) if k else 0.0
+        self.profile = replace(self.profile, layer_time=layer_time, layer_token_time=token_time)
         return {
             "point": "in-memory-ar",
             "layer_time_s": layer_time,
             "uncalibrated_step_ms": simulated,
             "measured_step_ms": measured,
+            "pass_growth_ms": growth,
+            "layer_token_time_s": token_time,
         }
+
+    def pass_growth_ms(self, n: int) -> float:
+        """How much longer a pass of n tokens takes than one of 1, in memory (expert mode:
+        nothing outside the experts grows)."""
+        return 0.0
 
 
 def measure_in_rounds(bench, arms: dict, repeats: int) -> dict:
@@ -232,7 +243,7 @@ class CheckpointBench(Bench):
         self.reference = [t for r in records for t in r.tokens]
         self.trace = routing_trace(self.model, self.prompt + self.reference)
         self.fit = self.trace.first_tokens(len(self.prompt))
-        self.profile = this_machine(self.model)
+        self.profile = this_machine(self.model, args.kernel)
         dense = self.model.parameter_bytes()["dense"] / self.trace.num_layers
         self.sim_settings = dict(
             fit_tokens=len(self.prompt),
@@ -251,6 +262,23 @@ class CheckpointBench(Bench):
             "expert_bytes": self.trace.expert_bytes[0],
             "dense_bytes_per_layer": dense,
         }
+
+    def pass_growth_ms(self, n: int, repeats: int = 15) -> float:
+        """Median time of an in-memory pass of n tokens minus one of 1 token, timed alone on
+        the reference context in alternation (the kernel the loop runs at each size)."""
+        cache = self.model.new_cache(capacity=len(self.prompt) + len(self.reference) + n + 1)
+        context = self.prompt + self.reference[: len(self.reference) // 2]
+        prefill = KernelPolicy(self.args.kernel).for_prefill()
+        self.model(torch.tensor(context), cache, kernel=prefill)
+        times = {1: [], n: []}
+        for _ in range(repeats + 1):  # the first round warms up
+            for size in (1, n):
+                kernel = KernelPolicy(self.args.kernel).for_pass(size)
+                start = time.perf_counter()
+                self.model(torch.tensor(context[-size:]), cache, kernel=kernel, all_logits=size > 1)
+                times[size].append(time.perf_counter() - start)
+                cache.rollback(len(context))
+        return 1e3 * (float(np.median(times[n][1:])) - float(np.median(times[1][1:])))
 
     def measure(self, policy_name: str | None, speculate: bool) -> dict:
         args, model = self.args, self.model
@@ -329,11 +357,12 @@ def routing_trace(model, tokens: list[int]) -> RoutingTrace:
     )
 
 
-def this_machine(model):
+def this_machine(model, kernel: str):
     from moespec.offload.sim.hardware import measure_this_machine
 
     block = next(iter(model.moe_blocks.values()))
-    return measure_this_machine(block.experts.hidden_size, block.experts.intermediate_size)
+    e = block.experts
+    return measure_this_machine(e.hidden_size, e.intermediate_size, kernel=kernel)
 
 
 class ExpertBench(Bench):

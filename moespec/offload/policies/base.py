@@ -194,6 +194,7 @@ class OffloadPolicy:
 
     name = "policy"
     speculative = True  # False: the simulator runs plain decoding (one token per step)
+    prefetches = False  # True: next_prefetch can yield work after a decision (wake the link)
 
     def fit(self, trace) -> "OffloadPolicy":
         """Slot counts per (layer, expert) over a fit split of routing: frequencies_ [L, N]."""

@@ -67,6 +67,7 @@ class StaticPolicy(OffloadPolicy):
 
 class HybridPolicy(OffloadPolicy):
     name = "hybrid"
+    prefetches = True
 
     def __init__(self, decay: float = 0.8):
         if not 0 <= decay < 1:

@@ -77,6 +77,8 @@ def reading_config(reading: str, **fields) -> SpAcConfig:
 
 
 class SpAcPolicy(OffloadPolicy):
+    prefetches = True
+
     def __init__(self, config: SpAcConfig | None = None, name: str = "spac"):
         self.config = config or SpAcConfig()
         self.name = name

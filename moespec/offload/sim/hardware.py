@@ -8,6 +8,8 @@ A profile is what the timing model of `moespec.offload.sim.simulator` needs and 
     host_memory_bandwidth                 what CPU expert reads and copies share (0: unshared)
     layer_time, step_time, draft_token_time   fixed costs per layer of a pass, per step, per
                                           drafted token (launches, synchronisation, LM head)
+    layer_token_time                      per layer and pass token beyond the first
+    tier_overlap, decisions_on_clock      one processor for both tiers (this machine)
 
 Bandwidths are *effective* figures (what a copy or an expert kernel reaches), not datasheet
 peaks; each preset says which nominal figure it starts from and why it is lowered. They are
@@ -44,6 +46,11 @@ class HardwareProfile:
     layer_time: float = 0.0  # s fixed per MoE layer of a pass (attention, router, sync, launches)
     step_time: float = 0.0  # s fixed per step (LM head, sampling, host synchronisation)
     draft_token_time: float = 0.0  # s per drafted token beyond reading the draft's bytes
+    layer_token_time: float = 0.0  # s per pass token beyond the first, per layer, outside
+    # the experts (attention rows, batch-invariant products: 0 where a pass reads its weights
+    # once and compute is free, as on the GPU profiles)
+    kernel_call_time: float = 0.0  # s per expert-kernel call a tier makes in a layer (the
+    # engine's dispatch around the products; one call in memory, one per tier when split)
     tier_overlap: float = 1.0  # share of the shorter tier's work hidden under the longer one
     decisions_on_clock: bool = False  # the policy's own wall time counts (this machine)
     sources: tuple = ()  # (field, where its number comes from) pairs
@@ -238,7 +245,7 @@ def _best_time(fn, repeats: int) -> float:
 
 
 def measure_this_machine(
-    hidden_size: int = 2048, intermediate_size: int = 768, repeats: int = 5
+    hidden_size: int = 2048, intermediate_size: int = 768, repeats: int = 5, kernel=None
 ) -> HardwareProfile:
     """A CPU-only profile measured here: both tiers are this CPU, the link is a memory copy.
 
@@ -248,8 +255,11 @@ def measure_this_machine(
     (three matvecs), weight bytes over the best time; fixed time: the same expert at 1/16 of the
     size, what does not shrink with the bytes; FLOP rate: the extra time of 16 tokens over 1.
     The expert is float32: torch's CPU bf16 matvec paths vary by shape by up to 100x, and a
-    bandwidth is bytes read per second whatever their type. Both tiers share one memory bus
-    here, which the timing model does not know: the profile is for relative comparisons.
+    bandwidth is bytes read per second whatever their type. With `kernel` (a moespec expert
+    kernel's name), the fixed times come from that kernel as the engine calls it
+    (`kernel_times`): its time per call and per expert beyond the bytes. Both tiers share one
+    memory bus here, which the timing model does not know: the profile is for relative
+    comparisons.
     """
     import torch
 
@@ -276,6 +286,9 @@ def measure_this_machine(
     # Two points on t = fixed + bytes / bandwidth.
     bandwidth = (nbytes - small_bytes) / max(seconds - small_seconds, 1e-9)
     fixed = max(small_seconds - small_bytes / bandwidth, 0.0)
+    call = 0.0
+    if kernel is not None:  # the engine's kernel: its time per call beyond its experts' time
+        call, fixed = kernel_times(kernel, hidden_size, intermediate_size, bandwidth, 40)
     # The FLOP rate from the extra time of 16 tokens over 1 (2 FLOP per weight per token).
     batch_seconds, _ = expert_time(hidden_size, intermediate_size, tokens=16)
     flops = 2 * (nbytes / 4) * 15 / max(batch_seconds - seconds, 1e-9)
@@ -292,6 +305,7 @@ def measure_this_machine(
         cpu_flops=flops,
         cpu_expert_time=fixed,
         cpu_threads=threads,
+        kernel_call_time=call,
         tier_overlap=overlap,
         decisions_on_clock=True,
         note=f"measured with torch {torch.__version__} on {threads} threads",
@@ -300,10 +314,37 @@ def measure_this_machine(
             ("cpu_bandwidth", "measured: one expert on one token, against one at 1/16 size"),
             ("cpu_expert_time", "measured: the same two points' intercept"),
             ("cpu_flops", "measured: 16 tokens against 1 on the expert"),
+            ("kernel_call_time", "measured: the engine's kernel on 1 and 4 experts, one row each"),
             ("tier_overlap", "measured: two experts in two threads against one alone"),
             ("decisions_on_clock", "the engine's policy runs in Python on these cores"),
         ),
     )
+
+
+def kernel_times(kernel: str, hidden_size: int, intermediate_size: int, bandwidth, repeats=5):
+    """(s per call, s per expert beyond its bytes at `bandwidth`) of a moespec expert kernel
+    as the engine calls a tier: U rows, one expert each (U = 1 and 4), float32 experts."""
+    import torch
+
+    from moespec.kernels import ExpertWeights, get_kernel
+
+    run_kernel, experts = get_kernel(kernel), 4
+    weights = ExpertWeights(
+        torch.randn(experts, 2 * intermediate_size, hidden_size),
+        torch.randn(experts, hidden_size, intermediate_size),
+    )
+    w = 3 * hidden_size * intermediate_size * 4
+
+    def timed(count: int) -> float:
+        x = torch.randn(count, hidden_size)
+        ids = torch.arange(count)[:, None]
+        gates = torch.ones(count, 1)
+        with torch.inference_mode():
+            return _best_time(lambda: run_kernel(x, ids, gates, weights), repeats)
+
+    one, four = timed(1), timed(experts)
+    per_expert = max((four - one) / (experts - 1) - w / bandwidth, 0.0)
+    return max(one - per_expert - w / bandwidth, 0.0), per_expert
 
 
 def tier_overlap(hidden_size: int, intermediate_size: int, repeats: int = 5) -> float:

@@ -18,10 +18,13 @@ w_l its bytes, q_l = 2 w_l / (bytes per parameter) its FLOPs per token:
 
     accelerator   a_l(c) = phi_acc + w_l / B_acc + c q_l / F_acc
     CPU           g_l(c) = phi_cpu + w_l / B_cpu + c q_l / F_cpu
+    kernel call   kappa once per layer for each tier with experts (the engine's dispatch)
     copy          x_l    = lambda_link + w_l / B_link      (one copy engine, copies in sequence)
     hidden states z      = 2 (lambda_link + n d 2 / B_link) per layer with CPU experts (d: hidden)
-    dense         d_l    = phi_layer + D_l / B_acc   (attention, router, shared experts: D_l bytes
-                                                per layer; phi_layer: launches, synchronisation)
+    dense         d_l    = phi_layer + (n - 1) phi_token + D_l / B_acc   (attention, router,
+                                                shared experts: D_l bytes per layer; phi_layer:
+                                                launches, synchronisation; phi_token: work per
+                                                pass token, 0 on the GPU profiles)
     draft         h(k)   = k (phi_draft + D_draft / B_acc)   (the draft model on the accelerator)
     step          phi_step after the last layer (LM head, sampling)
 
@@ -31,9 +34,9 @@ The link runs all the while: on-demand fetches first, in the order planned, then
 the policy's queue yields them, each starting when the link is free (prefetches overlap the
 draft and earlier layers; a copy holds its cache bytes from its start). Then, in parallel:
 
-    accelerator  G_l = r_l + sum of a_l over experts arrived by r_l, then for each awaited
+    accelerator  G_l = r_l + kappa + sum of a_l over experts arrived by r_l, then for each awaited
                  expert in order of arrival: G_l = max(G_l, arrival) + a_l(c)
-    CPU          C_l = r_l + z + sum of g_l over the CPU experts, stretched by contention
+    CPU          C_l = r_l + kappa + z + sum of g_l over the CPU experts, stretched by contention
     layer end    t_{l+1} = max(G_l, C_l) + (1 - o) min(G_l - r_l, C_l - r_l)
                  (o: the profile's tier overlap, 1 for two devices; below 1 where one
                  processor computes both tiers, as on `this-machine`)
@@ -169,6 +172,8 @@ class _Costs:
         self.cpu_slot = q / p.cpu_flops
         self.copy = p.link_latency + w / p.link_bandwidth
         self.dense = p.layer_time + s.dense_bytes_per_layer / p.accelerator_bandwidth
+        self.layer_token = p.layer_token_time
+        self.kernel_call = p.kernel_call_time
         self.step = p.step_time
         self.cpu_read = w / p.cpu_bandwidth  # the weight-reading part of g_l
         self.cpu_slowdown = 1.0
@@ -357,7 +362,7 @@ class _Run:
         policy, costs, link = self.policy, self.costs, self.link
         experts = np.flatnonzero(row)
         counts = row[experts]
-        now = start + costs.dense
+        now = start + costs.dense + (n - 1) * costs.layer_token
         link.advance(now)
         link.layer_copy_seconds, link.layer_copies = 0.0, 0
         hot = policy.predicted_hot(layer)
@@ -373,7 +378,8 @@ class _Run:
         cpu_busy = 0.0
         if len(cpu):
             cpu_busy = (
-                len(cpu) * costs.cpu_expert[layer]
+                costs.kernel_call
+                + len(cpu) * costs.cpu_expert[layer]
                 + row[cpu].sum() * costs.cpu_slot[layer]
                 + costs.hidden_round_trip(n)
             )
@@ -423,7 +429,7 @@ class _Run:
         per_expert = costs.acc_expert[layer] + row[accelerator] * costs.acc_slot[layer]
         arrival = self.cache.ready_at[layer, accelerator]
         waiting = arrival > now
-        end = now + per_expert[~waiting].sum()
+        end = now + per_expert[~waiting].sum() + (costs.kernel_call if len(accelerator) else 0.0)
         order = np.argsort(arrival[waiting], kind="stable")
         for a, t in zip(arrival[waiting][order], per_expert[waiting][order], strict=True):
             end = max(end, a) + t
