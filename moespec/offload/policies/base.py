@@ -194,7 +194,6 @@ class OffloadPolicy:
 
     name = "policy"
     speculative = True  # False: the simulator runs plain decoding (one token per step)
-    prefetches = False  # True: next_prefetch can yield work after a decision (wake the link)
 
     def fit(self, trace) -> "OffloadPolicy":
         """Slot counts per (layer, expert) over a fit split of routing: frequencies_ [L, N]."""
@@ -244,6 +243,10 @@ class OffloadPolicy:
     # The link and the cache.
     def next_prefetch(self) -> tuple[int, int] | None:
         return None
+
+    def has_prefetch(self) -> bool:
+        """Whether next_prefetch may yield work now (the engine wakes its idle link only then)."""
+        return False
 
     def choose_victim(self, layer: int, expert: int, now: float) -> tuple[int, int] | None:
         """An evictable (layer, expert) to make room for `expert` of `layer`, or None."""

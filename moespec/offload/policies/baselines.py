@@ -67,7 +67,6 @@ class StaticPolicy(OffloadPolicy):
 
 class HybridPolicy(OffloadPolicy):
     name = "hybrid"
-    prefetches = True
 
     def __init__(self, decay: float = 0.8):
         if not 0 <= decay < 1:
@@ -116,6 +115,9 @@ class HybridPolicy(OffloadPolicy):
     def end_layer(self, layer, experts, counts) -> None:
         self.scores[layer] *= self.decay
         self.scores[layer, experts] += counts
+
+    def has_prefetch(self) -> bool:
+        return bool(self._queue)
 
     def next_prefetch(self):
         while self._queue:

@@ -77,8 +77,6 @@ def reading_config(reading: str, **fields) -> SpAcConfig:
 
 
 class SpAcPolicy(OffloadPolicy):
-    prefetches = True
-
     def __init__(self, config: SpAcConfig | None = None, name: str = "spac"):
         self.config = config or SpAcConfig()
         self.name = name
@@ -203,6 +201,9 @@ class SpAcPolicy(OffloadPolicy):
             if not self.cache.present[item]:
                 return item
         return None
+
+    def has_prefetch(self) -> bool:
+        return len(self.queue) > 0
 
     def choose_victim(self, layer, expert, now):
         if not self.config.evict:

@@ -37,9 +37,10 @@ draft and earlier layers; a copy holds its cache bytes from its start). Then, in
     accelerator  G_l = r_l + kappa + sum of a_l over experts arrived by r_l, then for each awaited
                  expert in order of arrival: G_l = max(G_l, arrival) + a_l(c)
     CPU          C_l = r_l + kappa + z + sum of g_l over the CPU experts, stretched by contention
-    layer end    t_{l+1} = max(G_l, C_l) + (1 - o) min(G_l - r_l, C_l - r_l)
+    layer end    t_{l+1} = max(G_l, C_l) + (1 - o) (min(G_l - r_l, C_l - r_l) + X_l)
                  (o: the profile's tier overlap, 1 for two devices; below 1 where one
-                 processor computes both tiers, as on `this-machine`)
+                 processor computes both tiers and makes the copies, as on `this-machine`;
+                 X_l: the link's busy time in the layer that the accelerator did not wait for)
 
 Host-memory contention (profile's B_host > 0): the CPU's expert reads and the copy engine share
 host memory. While the link copies, the CPU reads weights at min(B_cpu, B_host - B_link): the
@@ -47,7 +48,7 @@ weight-reading part M of C_l, with a share rho of [r_l, r_l + C_l] overlapped by
 M (1 - rho) + M rho B_cpu / min(B_cpu, B_host - B_link). Copies keep their pace (the DMA engine
 is not throttled), an assumption. The step ends at t_L + phi_step; tokens/s = emitted tokens
 / total time. A profile with `decisions_on_clock` (this machine: the engine's policy runs in
-Python on the cores that compute) adds the measured wall time of each layer's policy and
+Python on the cores that compute) adds the measured CPU time of each layer's policy and
 driver calls (plan, fetch admission, finish) to the virtual clock. The accelerator's memory is
 its own, and the link's other direction (hidden states) free.
 """
@@ -370,7 +371,7 @@ class _Run:
             self.accuracy.update(layer, hot, row)
         self.previous_pass.update(layer, self.active[layer], row)
         self.active[layer] = row > 0
-        decided = time.perf_counter()
+        decided = time.thread_time()
         placed = self.driver.plan(layer, experts, counts, now, link.fetch)
         now += self._decision_time(decided)
         accelerator, cpu = placed.accelerator, placed.cpu
@@ -388,8 +389,12 @@ class _Run:
                 overlap = min(link.busy_within(now, now + cpu_busy) / cpu_busy, 1.0)
                 cpu_busy += len(cpu) * costs.cpu_read[layer] * overlap * (costs.cpu_slowdown - 1)
         end = max(acc_end, now + cpu_busy)
-        if costs.tier_overlap < 1.0:  # one processor for both tiers: they take turns
-            end += (1.0 - costs.tier_overlap) * min(acc_end - now, cpu_busy)
+        if costs.tier_overlap < 1.0:  # one processor for both tiers and the link: turns
+            shared = 1.0 - costs.tier_overlap
+            waited = max(acc_end - now - acc_busy, 0.0)  # the accelerator idle for arrivals
+            link.advance(end)
+            copying = max(link.busy_within(now, end) - waited, 0.0)  # copies beside compute
+            end += shared * (min(acc_end - now, cpu_busy) + copying)
         link.advance(end)  # copies that start while the layer computes
         if self.log is not None:
             self.log["layers"].append(
@@ -415,14 +420,15 @@ class _Run:
             link.layer_copy_seconds,
             link.layer_copies,
         )
-        decided = time.perf_counter()
+        decided = time.thread_time()
         self.driver.finish(layer, experts, counts, placed, timing)
         return end + self._decision_time(decided)
 
     def _decision_time(self, since: float) -> float:
-        """The wall time of the policy and driver calls since `since`, when the profile puts
-        decisions on the clock (they run on the processor that computes, in this process)."""
-        return time.perf_counter() - since if self.costs.decisions_on_clock else 0.0
+        """The CPU time of the policy and driver calls since `since` (this thread's: what other
+        work on the host takes is left out), when the profile puts decisions on the clock
+        (they run on the processor that computes, in this process)."""
+        return time.thread_time() - since if self.costs.decisions_on_clock else 0.0
 
     def _accelerator_time(self, layer, accelerator, row, now) -> tuple[float, float]:
         costs = self.costs
