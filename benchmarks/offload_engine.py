@@ -2,7 +2,9 @@
 
 Checkpoint mode (--model DIR, default the embedded demo model): the model's greedy continuation
 of --prompt is decoded with the oracle drafter (draft length k, geometric acceptance a) by the
-in-memory engine and, for each policy, by the offload engine at --expert-cache-ratio; the routing of
+in-memory engine and, for each policy, by the offload engine at --expert-cache-ratio (timed by the
+process's CPU time, every thread, by default: on a shared host the wall clock also counts other
+users' work; --clock wall for the wall clock; both are in the JSON); the routing of
 that continuation, recorded teacher-forced, is the simulator's trace (its prompt part the fit
 split of both), replayed at the same k and a on a profile measured here (`this-machine`), with
 the model's dense bytes per layer and no draft time (the oracle costs none). spac-ar decodes
@@ -102,23 +104,36 @@ class Bench:
             acceptance=self.args.acceptance,
             tokens=measured["tokens"],
             seed=self.args.seed,
+            # the measured run's own accepted drafts: both take the same steps
+            accepted=tuple(measured["accepted"]) if k and "accepted" in measured else None,
             **self.sim_settings,
         )
         return side_by_side(measured, simulate(self.trace, policy, self.profile, settings))
 
     def calibrate(self, row: dict) -> dict:
         """Set the profile's fixed time per layer so that the simulated in-memory step
-        without speculation takes the measured one: (measured - simulated) / L."""
+        without speculation takes the measured one: (measured - simulated) / L; and its time
+        per pass token from passes of 1 and k + 1 tokens timed alone (`pass_growth_ms`)."""
         measured, simulated = row["measured"]["step_ms"], row["simulated"]["step_ms"]
         before = self.profile.layer_time
         layer_time = before + max(measured - simulated, 0.0) * 1e-3 / self.trace.num_layers
-        self.profile = replace(self.profile, layer_time=layer_time)
+        k = self.args.draft_length
+        growth = self.pass_growth_ms(k + 1) if k else 0.0
+        token_time = max(growth, 0.0) * 1e-3 / (k * self.trace.num_layers) if k else 0.0
+        self.profile = replace(self.profile, layer_time=layer_time, layer_token_time=token_time)
         return {
             "point": "in-memory-ar",
             "layer_time_s": layer_time,
             "uncalibrated_step_ms": simulated,
             "measured_step_ms": measured,
+            "pass_growth_ms": growth,
+            "layer_token_time_s": token_time,
         }
+
+    def pass_growth_ms(self, n: int) -> float:
+        """How much longer a pass of n tokens takes than one of 1, in memory (expert mode:
+        nothing outside the experts grows)."""
+        return 0.0
 
 
 def measure_in_rounds(bench, arms: dict, repeats: int) -> dict:
@@ -173,6 +188,13 @@ def parse_args():
     parser.add_argument("--threads", type=int, help="torch threads (default: torch's)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--gate-tolerance", type=float, default=0.2)
+    parser.add_argument(
+        "--clock",
+        default="process",
+        choices=["process", "wall"],
+        help="checkpoint mode: time steps by the process's CPU time (default; what other work "
+        "on a shared host takes from the wall clock is left out) or by the wall clock",
+    )
     parser.add_argument("--force", action="store_true")
     return parser.parse_args()
 
@@ -229,7 +251,7 @@ class CheckpointBench(Bench):
         self.reference = [t for r in records for t in r.tokens]
         self.trace = routing_trace(self.model, self.prompt + self.reference)
         self.fit = self.trace.first_tokens(len(self.prompt))
-        self.profile = this_machine(self.model)
+        self.profile = this_machine(self.model, args.kernel)
         dense = self.model.parameter_bytes()["dense"] / self.trace.num_layers
         self.sim_settings = dict(
             fit_tokens=len(self.prompt),
@@ -248,6 +270,26 @@ class CheckpointBench(Bench):
             "expert_bytes": self.trace.expert_bytes[0],
             "dense_bytes_per_layer": dense,
         }
+
+    def clock(self) -> float:
+        return time.process_time() if self.args.clock == "process" else time.perf_counter()
+
+    def pass_growth_ms(self, n: int, repeats: int = 15) -> float:
+        """Median time of an in-memory pass of n tokens minus one of 1 token, timed alone on
+        the reference context in alternation (the kernel the loop runs at each size)."""
+        cache = self.model.new_cache(capacity=len(self.prompt) + len(self.reference) + n + 1)
+        context = self.prompt + self.reference[: len(self.reference) // 2]
+        prefill = KernelPolicy(self.args.kernel).for_prefill()
+        self.model(torch.tensor(context), cache, kernel=prefill)
+        times = {1: [], n: []}
+        for _ in range(repeats + 1):  # the first round warms up
+            for size in (1, n):
+                kernel = KernelPolicy(self.args.kernel).for_pass(size)
+                start = self.clock()
+                self.model(torch.tensor(context[-size:]), cache, kernel=kernel, all_logits=size > 1)
+                times[size].append(self.clock() - start)
+                cache.rollback(len(context))
+        return 1e3 * (float(np.median(times[n][1:])) - float(np.median(times[1][1:])))
 
     def measure(self, policy_name: str | None, speculate: bool) -> dict:
         args, model = self.args, self.model
@@ -270,16 +312,18 @@ class CheckpointBench(Bench):
             )
             extra = dict(drafter=drafter, draft_policy=DraftLengthPolicy(k))
         try:
-            records = list(
-                generate(
-                    model,
-                    self.prompt,
-                    max_tokens=args.tokens + 1,
-                    kernels=KernelPolicy(args.kernel),
-                    offload=engine,
-                    **extra,
-                )
+            stream = generate(
+                model,
+                self.prompt,
+                max_tokens=args.tokens + 1,
+                kernels=KernelPolicy(args.kernel),
+                offload=engine,
+                **extra,
             )
+            records = [next(stream)]  # the prefill
+            cpu_start = time.process_time()
+            records += list(stream)
+            cpu_seconds = time.process_time() - cpu_start  # every thread of the process
         finally:
             if engine is not None:
                 engine.close()
@@ -288,13 +332,20 @@ class CheckpointBench(Bench):
                 f"{policy_name}: the offloaded tokens differ from the in-memory ones"
             )
         s = summarize(records)
-        steps = s["decode_steps"]
-        measured = {
+        steps, tokens = s["decode_steps"], s["generated_tokens"] - 1
+        wall = {
             "tokens_per_second": s["tokens_per_second"],
             "step_ms": 1e3 * s["decode_seconds"] / steps,
+        }
+        cpu = {"tokens_per_second": tokens / cpu_seconds, "step_ms": 1e3 * cpu_seconds / steps}
+        measured = {
+            **(cpu if args.clock == "process" else wall),
+            "wall": wall,
+            "process": cpu,
             "steps": steps,
             "tokens": s["generated_tokens"] - 1,
             "mean_accepted_per_step": s["mean_accepted_per_step"],
+            "accepted": [r.accepted for r in records if r.phase == "decode"],
         }
         if engine is not None:
             decode = records[1:]
@@ -325,11 +376,12 @@ def routing_trace(model, tokens: list[int]) -> RoutingTrace:
     )
 
 
-def this_machine(model):
+def this_machine(model, kernel: str):
     from moespec.offload.sim.hardware import measure_this_machine
 
     block = next(iter(model.moe_blocks.values()))
-    return measure_this_machine(block.experts.hidden_size, block.experts.intermediate_size)
+    e = block.experts
+    return measure_this_machine(e.hidden_size, e.intermediate_size, kernel=kernel)
 
 
 class ExpertBench(Bench):

@@ -5,7 +5,8 @@ PCIe 4.0 profile (AMX host), a 25% expert cache, k = 8, a = 0.73. Writes headlin
 (tokens/s, latency, hit rate, accuracy, bytes copied per policy, with the wall time of each
 simulation, machine and versions; SpAc over the baselines of each decoding mode apart) and,
 unless --no-report, the Table 1 / Table 2 / Figure 5 report into --out. Its figures count
-only where benchmarks/calibration_gate.py passes (calibration_gate.json beside it).
+only where benchmarks/calibration_gate.py passes (calibration_gate.json beside it): without
+that it exits 1 before simulating, unless --ignore-gate (then headline.json says counts: false).
 
     python benchmarks/simulate_offload.py --out DIR [--tokens 2048] [--report-tokens 1024]
 """
@@ -44,11 +45,25 @@ def main() -> int:
     parser.add_argument("--report-tokens", type=int, default=1024)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--no-report", action="store_true")
+    parser.add_argument(
+        "--ignore-gate",
+        action="store_true",
+        help="simulate although --out/calibration_gate.json is missing or missed (the figures "
+        "are then written with counts: false)",
+    )
     parser.add_argument("--force", action="store_true")
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     from moespec.files import check_writable, write_json
 
+    gate_met = calibration_gate_met(args.out / "calibration_gate.json")
+    if not gate_met and not args.ignore_gate:
+        print(
+            f"error: the calibration gate is not met ({args.out / 'calibration_gate.json'}): "
+            "a headline would not count (run benchmarks/calibration_gate.py, or --ignore-gate)",
+            file=sys.stderr,
+        )
+        return 1
     check_writable(args.out / "headline.json", force=args.force)
 
     from moespec.provenance import provenance
@@ -90,6 +105,7 @@ def main() -> int:
             "results": results,
             "summary": summary,
             "provenance": provenance(),
+            "counts": gate_met,  # the calibration gate beside it was met
         },
         force=args.force,
     )
@@ -118,6 +134,14 @@ def main() -> int:
             ]
         )
     return 0
+
+
+def calibration_gate_met(path: Path) -> bool:
+    """Whether the calibration gate's results at `path` exist and pass."""
+    try:
+        return bool(json.loads(path.read_text())["checks"]["met"])
+    except (OSError, ValueError, KeyError):
+        return False
 
 
 def headline_summary(results: dict) -> dict:

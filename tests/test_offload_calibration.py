@@ -1,5 +1,7 @@
 """The calibration gate's checks on hand-made figures (the simulations live in a benchmark)."""
 
+import pytest
+
 from moespec.offload.sim.calibration import checks
 
 
@@ -26,3 +28,30 @@ def test_each_check_fails_on_its_own():
     result = checks(figures(spac_tokens_per_second_by_gamma=falling))
     assert not result["gamma_rising"]["met"] and not result["met"]
     assert result["sd_ratio"]["met"] and result["spac_layer_ms"]["met"]
+
+
+def test_table4_grows_less_than_its_drafts_take_at_the_bandwidth_floor():
+    from moespec.offload.sim.calibration import table4_draft_bound
+
+    bound = table4_draft_bound()
+    # 4.41 GB per drafted token at 1008 GB/s: six drafts take 26.3 ms, above Table 4's 22.6 ms.
+    assert bound["step_growth_ms_gamma_2_to_8"] == pytest.approx(22.59, abs=0.01)
+    assert bound["six_drafts_floor_ms"] > bound["step_growth_ms_gamma_2_to_8"]
+    assert not bound["consistent_with_serial_drafts"]
+
+
+def test_the_free_pass_bound_of_static_with_speculation():
+    from moespec.offload.sim.calibration import GAMMAS, reasons
+
+    def run(tokens, steps, seconds, draft=0.0, passes=0.0):
+        return dict(tokens=tokens, steps=steps, seconds=seconds, draft_seconds=draft,
+                    pass_seconds=passes, tokens_per_second=tokens / seconds, cpu_experts=0,
+                    needed_experts=8, num_layers=1, hit_rate=1.0)  # fmt: skip
+
+    # 3 tokens per step, 40 ms of drafts per step, a plain token of 20 ms:
+    # 3 / (40 + 20) ms = 50 tokens/s at best, against 50 without speculation: 1.0.
+    runs = {"static": run(30, 10, 1.0, draft=0.4, passes=0.6), "static-ar": run(50, 50, 1.0)}
+    runs.update({f"spac@{g}": run(30, 10, 1.0) for g in GAMMAS})
+    sd = reasons(runs)["sd_ratio"]
+    assert sd["best_ratio_with_a_free_pass"] == pytest.approx(1.0)
+    assert sd["pass_over_plain_token"] == pytest.approx(3.0)

@@ -161,3 +161,39 @@ def test_cpu_experts_slow_down_while_the_link_copies_from_host_memory():
     shared = replace(ROUND, host_memory_bandwidth=1.5e9)
     assert simulate(trace, make_policy("lru"), ROUND, settings).seconds == pytest.approx(1.1e-3)
     assert simulate(trace, make_policy("lru"), shared, settings).seconds == pytest.approx(2e-3)
+
+
+def test_one_processor_for_both_tiers_adds_their_times():
+    # Expert 1 placed (fit split), expert 0 on the CPU: a 2-token pass needs both, each 1 token.
+    trace = one_layer_trace([1, 1, 0, 1, 0, 1, 0, 1])
+    settings = SimulationSettings(
+        draft_bytes_ratio=0.0, cache_ratio=0.25, draft_length=1, acceptance=0.0,
+        tokens=1, fit_tokens=2, rejected_routing="continuation",
+    )  # fmt: skip
+    times = {}
+    for overlap in (1.0, 0.0):
+        profile = replace(ROUND, tier_overlap=overlap)
+        policy = make_policy("static").fit(trace.first_tokens(2))
+        times[overlap] = simulate(trace, policy, profile, settings).seconds
+    # In parallel: max(0.1 ms accelerator, 1 ms CPU); taking turns: their sum.
+    assert times[1.0] == pytest.approx(1.0e-3)
+    assert times[0.0] == pytest.approx(1.1e-3)
+
+
+def test_given_accepted_drafts_replace_the_seeded_draws():
+    trace = one_layer_trace([0] * 40)
+    given = (3, 0, 1, 3)
+    result = run("lru", trace, cache_ratio=1.0, draft_length=3, tokens=9, accepted=given)
+    # Steps emit accepted + 1 tokens: 4 + 1 + 2 + 2 (the last cut at 9 tokens).
+    assert (result.steps, result.tokens) == (4, 9)
+
+
+def test_decisions_on_the_clock_only_add_time():
+    trace = one_layer_trace([0, 1, 2, 3] * 8, num_experts=4)
+    settings = SimulationSettings(draft_bytes_ratio=0.0, cache_ratio=0.25, draft_length=0,
+                                  tokens=16)  # fmt: skip
+    seconds = {}
+    for on_clock in (False, True):
+        profile = replace(ROUND, decisions_on_clock=on_clock)
+        seconds[on_clock] = simulate(trace, make_policy("lru"), profile, settings).seconds
+    assert seconds[True] > seconds[False]

@@ -138,3 +138,21 @@ def test_shapes_give_the_routing_dimensions(name, layers, first_layer, experts, 
 def test_an_unknown_shape_is_refused_with_the_known_ones():
     with pytest.raises(ValueError, match="unknown model shape 'gpt-5'.*qwen3-30b-a3b"):
         get_shape("gpt-5")
+
+
+def test_simulated_reuse_starts_at_rho2_and_rises_with_n():
+    process = LocalityProcess(32, 4, keep_probability=0.3, popularity_skew=0.8)
+    reuse = process.simulated_reuse(0.3, 6, tokens=20_000)
+    assert reuse[0] == pytest.approx(process.simulated_reuse2(0.3, tokens=20_000), abs=0.01)
+    assert all(b >= a for a, b in zip(reuse, reuse[1:], strict=False))
+
+
+def test_qwen3_shape_skew_reproduces_the_published_rho9():
+    from moespec.routing.shapes import get_shape
+
+    shape = get_shape("qwen3-30b-a3b")
+    process = LocalityProcess(shape.num_experts, shape.top_k, popularity_skew=shape.popularity_skew)
+    process.fit(shape.published_reuse2, tokens=30_000)
+    reuse = process.simulated_reuse(process.p, 9, tokens=30_000)
+    assert reuse[0] == pytest.approx(shape.published_reuse2, abs=0.01)
+    assert reuse[-1] == pytest.approx(shape.published_reuse9, abs=0.01)

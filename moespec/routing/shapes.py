@@ -4,8 +4,13 @@ Each preset gives the MoE layers L (and which decoder layers they are), the rout
 the experts per token m, and the expert bytes w_l of a SwiGLU expert in bf16:
 w = 3 x hidden x intermediate x 2 bytes (gate, up and down projections). Shared experts, which
 every token uses, and the MLPs of dense decoder layers are read once per pass whatever the
-routing: they are dense bytes, not part of a trace. `published_reuse2` is the layer-mean
-rho(2) that seed 000 measured on the model (§2, Fig. 1), where it did.
+routing: they are dense bytes, not part of a trace. `published_reuse2` and `published_reuse9`
+are the layer-mean rho(2) and rho(9) that seed 000 measured on the model (§2, Fig. 1: "at n = 9
+the layer mean is 0.762, 0.780 and 0.856"), where it did. `popularity_skew` is the Zipf
+exponent at which the synthetic locality process fitted to rho(2) also gives rho(9)
+(`routing.synthetic.fit_popularity_skew`, seed 0, 30,000 tokens); a process that only matches
+rho(2) at a mild skew puts 36 distinct experts in a 9-token Qwen3 window instead of the 29
+that the published rho(2..9) imply.
 """
 
 from dataclasses import dataclass
@@ -25,6 +30,8 @@ class ModelShape:
     shared_experts: int = 0
     dense_intermediate_size: int = 0  # the SwiGLU MLP of each dense (non-MoE) decoder layer
     published_reuse2: float | None = None
+    published_reuse9: float | None = None
+    popularity_skew: float | None = None  # fitted to both (see the module docstring)
 
     def __post_init__(self):
         if not 1 <= self.top_k < self.num_experts:
@@ -71,6 +78,8 @@ SHAPES: dict[str, ModelShape] = {
             hidden_size=2048,
             expert_intermediate_size=768,
             published_reuse2=0.480,
+            published_reuse9=0.780,
+            popularity_skew=1.604,  # simulated rho(9) 0.780
         ),
         # The first decoder layer is a dense MLP (first_k_dense_replace = 1).
         ModelShape(
@@ -105,6 +114,8 @@ SHAPES: dict[str, ModelShape] = {
             hidden_size=2048,
             expert_intermediate_size=1024,
             published_reuse2=0.363,
+            published_reuse9=0.762,
+            popularity_skew=1.131,  # simulated rho(9) 0.762
         ),
         ModelShape(
             name="gpt-oss-20b",
@@ -115,6 +126,9 @@ SHAPES: dict[str, ModelShape] = {
             hidden_size=2880,
             expert_intermediate_size=2880,
             published_reuse2=0.492,
+            published_reuse9=0.856,
+            # The process reaches rho(9) = 0.819 at most with rho(2) = 0.492 (at p -> 0).
+            popularity_skew=1.646,
         ),
     ]
 }

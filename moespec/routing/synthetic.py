@@ -109,6 +109,23 @@ class LocalityProcess:
         same = (sets[1:, :, :, None] == sets[:-1, :, None, :]).any(-1)  # [steps-1, C, m]
         return float(same.mean())
 
+    def simulated_reuse(self, p: float, n: int, *, tokens: int = 100_000, seed: int = 0):
+        """[rho(2), ..., rho(n)] of the stationary process at keep probability p, by simulation:
+        rho(j) is the share of a token's experts found among the j - 1 tokens before it."""
+        rng = np.random.default_rng(seed)
+        chains = 256
+        steps = max(n, tokens // chains + n)
+        log_pi = np.stack([self.popularity(rng) for _ in range(chains)])
+        sets = self.chains(log_pi, steps, rng, p)  # [steps, C, m]
+        last = sets[n - 1 :]  # the token whose experts are looked up
+        seen = np.zeros(last.shape, dtype=bool)
+        out = []
+        for back in range(1, n):  # the token `back` positions earlier
+            earlier = sets[n - 1 - back : len(sets) - back]
+            seen |= (last[..., :, None] == earlier[..., None, :]).any(-1)
+            out.append(float(seen.mean()))
+        return out
+
     def fit(self, target_reuse2: float, *, tokens: int = 100_000, seed: int = 0):
         """Find p with simulated rho(2) = target by bisection (rho(2) rises with p)."""
         if not 0 < target_reuse2 < 1:
@@ -214,3 +231,43 @@ def synthetic_trace(
 def document_names(documents: int) -> list[str]:
     width = len(str(documents - 1))
     return [f"synthetic-{d:0{width}d}" for d in range(documents)]
+
+
+def fit_popularity_skew(
+    num_experts: int,
+    top_k: int,
+    target_reuse2: float,
+    target_reuse: float,
+    n: int = 9,
+    *,
+    tokens: int = 30_000,
+    seed: int = 0,
+) -> tuple[float, list[float]]:
+    """The popularity skew s at which the process fitted to rho(2) = `target_reuse2` gives
+    rho(n) = `target_reuse` (e.g. seed 000 §2: Qwen3 0.480 and rho(9) = 0.780), by bisection
+    (rho(n) rises with s at a fixed rho(2)); returns s and the simulated rho(2..n) at it.
+    The largest skew tried is the one whose popularity alone gives rho(2) (p = 0)."""
+    low, high = 0.0, 4.0
+    for _ in range(20):  # the least skew whose popularity alone exceeds the rho(2) target
+        flat = LocalityProcess(num_experts, top_k, popularity_skew=high)
+        if flat.simulated_reuse2(0.0, tokens=tokens, seed=seed) > target_reuse2:
+            break
+        high *= 2
+    top = high
+    for _ in range(10):
+        mid = (low + high) / 2
+        process = LocalityProcess(num_experts, top_k, popularity_skew=mid)
+        try:
+            process.fit(target_reuse2, tokens=tokens, seed=seed)
+        except ValueError:  # popularity alone is above the rho(2) target: skew too high
+            high = mid
+            continue
+        if process.simulated_reuse(process.p, n, tokens=tokens, seed=seed)[-1] < target_reuse:
+            low = mid
+        else:
+            high = mid
+    skew = low if high == top else (low + high) / 2
+    process = LocalityProcess(num_experts, top_k, popularity_skew=skew).fit(
+        target_reuse2, tokens=tokens, seed=seed
+    )
+    return skew, process.simulated_reuse(process.p, n, tokens=tokens, seed=seed)

@@ -10,7 +10,8 @@ l of the pass, once the router has named its experts E_l with slot counts c_e (s
     plan      policy.plan_layer(l, E_l, c, now) -> accelerator, cpu, fetch (see policy.py)
     fetch     each expert of `fetch` gets a slot (the policy's victims evicted first) and joins
               the link ahead of any prefetch; one with no room left runs on the CPU instead
-    compute   in parallel: the CPU experts on a worker thread, from the host store; the
+    compute   in parallel: the CPU experts on a worker thread, from the host store (inline when
+              the device is the CPU itself: one processor, a thread adds only its hand-off); the
               accelerator experts from their slots, each waiting for its copy if still arriving
     combine   y = accelerator part + CPU part
     feedback  policy.end_layer, then policy.observe_layer(the measured LayerTiming)
@@ -204,7 +205,7 @@ class OffloadEngine:
                 if drafted:
                     self.policy.observe_draft(draft_seconds, drafted)
                 self.policy.begin_step(n_tokens)
-                self.lock.notify_all()
+                self._wake_link()
 
     def end_step(self, accepted: int) -> None:
         if not self._step_open:
@@ -301,7 +302,7 @@ class OffloadEngine:
             placed = self.driver.plan(l, experts, counts, now, self._fetch)
             pending = self._pending
             waits = [pending[l, e] for e in placed.accelerator.tolist() if (l, e) in pending]
-            self.lock.notify_all()
+            self._wake_link()
             return _Work(placed, waits, self.slot_of[l].copy(), now)
 
     def _fetch(self, l: int, e: int, now: float) -> bool:
@@ -341,8 +342,9 @@ class OffloadEngine:
             y, acc_timer, waited = self._accelerator(x, slot_ids, expert_weights, kernel, work)
             return y.to(x.device), (0.0, 0, acc_timer, waited)
         if len(work.accelerator) == 0:  # all on the CPU: the in-memory kernel on the store
-            y, cpu_seconds = self._cpu(kernel, x, expert_ids, expert_weights, self.store.layers[l])
-            return y.to(x.device), (cpu_seconds, ids.size, None, 0.0)
+            start = time.perf_counter()
+            y, end = self._cpu(kernel, x, expert_ids, expert_weights, self.store.layers[l])
+            return y.to(x.device), (end - start, ids.size, None, 0.0)
         # Split: each tier computes its (token, slot) pairs as rows of one expert each.
         num_tokens, top_k = ids.shape
         flat = ids.reshape(-1)  # [T m], pair p = (token p // m, slot p % m)
@@ -350,20 +352,27 @@ class OffloadEngine:
         acc_pairs, cpu_pairs = np.flatnonzero(on_acc), np.flatnonzero(~on_acc)
         pair_weights = expert_weights.reshape(-1, 1)  # [T m, 1]
         cpu_rows = torch.from_numpy(cpu_pairs // top_k)
-        cpu_job = self.cpu_pool.submit(
-            self._cpu,
+        cpu_args = (
             kernel,
             x.cpu()[cpu_rows],
             torch.from_numpy(flat[cpu_pairs, None]),
             pair_weights.cpu()[torch.from_numpy(cpu_pairs)],
             self.store.layers[l],
         )
+        # The CPU tier's time runs from the hand-off to its result: what the layer waits for.
+        cpu_start = time.perf_counter()
+        inline = self.backend.device.type == "cpu"  # one processor: a thread only adds a hand-off
+        cpu_job = None if inline else self.cpu_pool.submit(self._cpu, *cpu_args)
         acc_rows = torch.from_numpy(acc_pairs // top_k)
         slot_ids = torch.from_numpy(work.slots[flat[acc_pairs]][:, None])  # [P, 1]
+        if inline:
+            cpu_out, cpu_end = self._cpu(*cpu_args)
         acc_out, acc_timer, waited = self._accelerator(
             x[acc_rows], slot_ids, pair_weights[torch.from_numpy(acc_pairs)], kernel, work
         )
-        cpu_out, cpu_seconds = cpu_job.result()
+        if not inline:
+            cpu_out, cpu_end = cpu_job.result()
+        cpu_seconds = cpu_end - cpu_start
         out = x.new_empty(num_tokens * top_k, x.shape[1])  # [T m, H]
         out[torch.from_numpy(acc_pairs)] = acc_out.to(x.device)
         out[torch.from_numpy(cpu_pairs)] = cpu_out.to(x.device)
@@ -383,10 +392,10 @@ class OffloadEngine:
 
     @staticmethod
     def _cpu(kernel, x, expert_ids, expert_weights, experts):
+        """(y, the time it was ready) of the CPU tier's experts."""
         with torch.inference_mode():  # a worker thread: the caller's mode is thread-local
-            start = time.perf_counter()
             y = kernel(x, expert_ids, expert_weights, experts)
-            return y, time.perf_counter() - start
+            return y, time.perf_counter()
 
     def _await(self, job: CopyJob) -> None:
         while not job.wait_issued(0.5):
@@ -417,6 +426,14 @@ class OffloadEngine:
             )
             self.driver.finish(l, experts, counts, work.placement, measured)
             self.driver.stats.copy_wait_seconds += waited
+            self._wake_link()
+
+    def _wake_link(self) -> None:
+        """Wake the link only when it is idle and has work: a waiting fetch or a prefetch.
+        Each needless wake-up is a thread switch (0.4-2 ms on a loaded 2-core host, measured:
+        most of the static policy's overhead there, and half of SpAc's)."""
+        link = self.link
+        if link is not None and link.waiting and (link.fetches or self.policy.has_prefetch()):
             self.lock.notify_all()
 
 

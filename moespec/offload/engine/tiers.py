@@ -238,7 +238,7 @@ class Link:
         self.pool, self.store, self.backend = pool, store, backend
         self.lock, self.pull, self.arrived = lock, pull, arrived
         self.fetches: deque[CopyJob] = deque()
-        self.closed = False
+        self.closed = self.waiting = False
         self.error: BaseException | None = None
         self.thread = threading.Thread(target=self._run, name="moespec-offload-link", daemon=True)
         self.thread.start()
@@ -249,7 +249,9 @@ class Link:
                 job = self.fetches.popleft() if self.fetches else self.pull()
                 if job is not None:
                     return job
+                self.waiting = True  # idle: the executor wakes it when there is work
                 self.lock.wait()
+                self.waiting = False
             return None
 
     def _run(self) -> None:

@@ -244,6 +244,10 @@ class OffloadPolicy:
     def next_prefetch(self) -> tuple[int, int] | None:
         return None
 
+    def has_prefetch(self) -> bool:
+        """Whether next_prefetch may yield work now (the engine wakes its idle link only then)."""
+        return False
+
     def choose_victim(self, layer: int, expert: int, now: float) -> tuple[int, int] | None:
         """An evictable (layer, expert) to make room for `expert` of `layer`, or None."""
         return None

@@ -116,6 +116,9 @@ class HybridPolicy(OffloadPolicy):
         self.scores[layer] *= self.decay
         self.scores[layer, experts] += counts
 
+    def has_prefetch(self) -> bool:
+        return bool(self._queue)
+
     def next_prefetch(self):
         while self._queue:
             item = self._queue.popleft()

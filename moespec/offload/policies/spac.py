@@ -202,6 +202,9 @@ class SpAcPolicy(OffloadPolicy):
                 return item
         return None
 
+    def has_prefetch(self) -> bool:
+        return len(self.queue) > 0
+
     def choose_victim(self, layer, expert, now):
         if not self.config.evict:
             return None

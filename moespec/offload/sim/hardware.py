@@ -8,6 +8,8 @@ A profile is what the timing model of `moespec.offload.sim.simulator` needs and 
     host_memory_bandwidth                 what CPU expert reads and copies share (0: unshared)
     layer_time, step_time, draft_token_time   fixed costs per layer of a pass, per step, per
                                           drafted token (launches, synchronisation, LM head)
+    layer_token_time                      per layer and pass token beyond the first
+    tier_overlap, decisions_on_clock      one processor for both tiers (this machine)
 
 Bandwidths are *effective* figures (what a copy or an expert kernel reaches), not datasheet
 peaks; each preset says which nominal figure it starts from and why it is lowered. They are
@@ -44,18 +46,27 @@ class HardwareProfile:
     layer_time: float = 0.0  # s fixed per MoE layer of a pass (attention, router, sync, launches)
     step_time: float = 0.0  # s fixed per step (LM head, sampling, host synchronisation)
     draft_token_time: float = 0.0  # s per drafted token beyond reading the draft's bytes
+    layer_token_time: float = 0.0  # s per pass token beyond the first, per layer, outside
+    # the experts (attention rows, batch-invariant products: 0 where a pass reads its weights
+    # once and compute is free, as on the GPU profiles)
+    kernel_call_time: float = 0.0  # s per expert-kernel call a tier makes in a layer (the
+    # engine's dispatch around the products; one call in memory, one per tier when split)
+    tier_overlap: float = 1.0  # share of the shorter tier's work hidden under the longer one
+    decisions_on_clock: bool = False  # the policy's own wall time counts (this machine)
     sources: tuple = ()  # (field, where its number comes from) pairs
 
     def __post_init__(self):
         for f in fields(self):
             value = getattr(self, f.name)
-            if f.name in ("name", "note", "sources"):
+            if f.name in ("name", "note", "sources", "decisions_on_clock"):
                 continue
             if not isinstance(value, int | float) or value < 0:
                 raise ValueError(f"profile {self.name!r}: {f.name} must be a number >= 0")
         for name in ("link_bandwidth", "accelerator_bandwidth", "cpu_bandwidth"):
             if getattr(self, name) <= 0:
                 raise ValueError(f"profile {self.name!r}: {name} must be positive")
+        if self.tier_overlap > 1:
+            raise ValueError(f"profile {self.name!r}: tier_overlap must be in [0, 1]")
         for name in ("accelerator_flops", "cpu_flops"):
             if getattr(self, name) <= 0:
                 raise ValueError(f"profile {self.name!r}: {name} must be positive")
@@ -83,20 +94,30 @@ _RTX4090 = (
         " each, and the ggml graph split's CPU-GPU synchronisation at a layer with CPU work",
     ),
     ("step_time", "LM head (151936 x 2048 f16 = 0.62 GB at 800 GB/s = 0.8 ms) and sampling"),
-    ("draft_token_time", "the draft's own launches: 36 layers x ~12 kernels at ~5 us"),
+    (
+        "draft_token_time",
+        "the draft's small kernels (norms, RoPE, short attention, residual adds: ~8 of ~12 per"
+        " layer x 36 layers) at a kernel's ~2.5 us floor; its matrix products are its bytes",
+    ),
 )
 _AMX_HOST = (
     (
         "cpu_bandwidth",
-        "Xeon (Sapphire Rapids class) 8-channel DDR5-4800: 307 GB/s nominal,"
-        " ~200 GB/s in multi-threaded streaming reads",
+        "seed 003 App. H.2: a single-activation CPU fallback with AMX is within a 50% latency"
+        " gap of GPU execution; at Qwen3-30B-A3B's 9.44 MB expert, 1.5 x this profile's GPU"
+        " expert time (25.2 us) less cpu_expert_time reads at 407 GB/s: a 12-channel"
+        " DDR5-6400 Xeon 6 (AMX) socket, 614 GB/s nominal, at 66%",
     ),
     ("cpu_flops", "AMX bf16 tiles, ~20 TFLOP/s reached by small GEMMs on 32 cores"),
-    ("cpu_expert_time", "thread-pool dispatch and join per expert, ~10 us"),
+    (
+        "cpu_expert_time",
+        "per expert inside one multi-expert CPU op (tile configuration, loop start), ~2 us;"
+        " the op's dispatch is in the per-layer hidden-state round trip",
+    ),
     (
         "host_memory_bandwidth",
-        "the same DDR5 channels serve the CPU and the copy engine:"
-        " ~230 GB/s in all (75% of nominal)",
+        "the same DDR5 channels serve the CPU and the copy engine: ~460 GB/s in all"
+        " (75% of nominal)",
     ),
 )
 _AVX2_HOST = (
@@ -110,7 +131,8 @@ PROFILES: dict[str, HardwareProfile] = {
     p.name: p
     for p in [
         HardwareProfile(
-            # seed 003's setting: an RTX 4090 on PCIe 4.0, an AMX host (App. H.2).
+            # seed 003's setting: an RTX 4090 on PCIe 4.0, an AMX host (App. H.2): its CPU
+            # computes one expert in 1.5 x the GPU's time, as H.2 reports.
             name="rtx4090-pcie4",
             link_bandwidth=PCIE4_EFFECTIVE,
             link_latency=PCIE_COPY_LATENCY,
@@ -118,15 +140,15 @@ PROFILES: dict[str, HardwareProfile] = {
             accelerator_flops=150e12,
             accelerator_expert_time=5e-6,
             accelerator_memory=24 * GB,
-            cpu_bandwidth=200 * GB,
+            cpu_bandwidth=407 * GB,
             cpu_flops=20e12,
-            cpu_expert_time=10e-6,
+            cpu_expert_time=2e-6,
             cpu_threads=32,
-            host_memory_bandwidth=230 * GB,
+            host_memory_bandwidth=460 * GB,
             layer_time=0.3e-3,
             step_time=1.0e-3,
-            draft_token_time=2.0e-3,
-            note="RTX 4090 24 GB on PCIe 4.0 x16 (25 of 32 GB/s), AMX-class server host",
+            draft_token_time=0.7e-3,
+            note="RTX 4090 24 GB on PCIe 4.0 x16 (25 of 32 GB/s), AMX host (Xeon 6 class)",
             sources=_PCIE + _RTX4090 + _AMX_HOST,
         ),
         HardwareProfile(
@@ -144,7 +166,7 @@ PROFILES: dict[str, HardwareProfile] = {
             host_memory_bandwidth=70 * GB,
             layer_time=0.3e-3,
             step_time=1.0e-3,
-            draft_token_time=2.0e-3,
+            draft_token_time=0.7e-3,
             note="RTX 4090 24 GB on PCIe 4.0 x16 (25 of 32 GB/s), AVX2 desktop DDR5 host",
             sources=_PCIE + _RTX4090 + _AVX2_HOST,
         ),
@@ -163,7 +185,7 @@ PROFILES: dict[str, HardwareProfile] = {
             host_memory_bandwidth=150 * GB,
             layer_time=0.3e-3,
             step_time=1.0e-3,
-            draft_token_time=2.0e-3,
+            draft_token_time=0.7e-3,
             note="A100-80GB on PCIe 4.0 x16 (25 of 32 GB/s), 8-channel DDR4 server socket",
             sources=_PCIE
             + (
@@ -223,7 +245,7 @@ def _best_time(fn, repeats: int) -> float:
 
 
 def measure_this_machine(
-    hidden_size: int = 2048, intermediate_size: int = 768, repeats: int = 5
+    hidden_size: int = 2048, intermediate_size: int = 768, repeats: int = 5, kernel=None
 ) -> HardwareProfile:
     """A CPU-only profile measured here: both tiers are this CPU, the link is a memory copy.
 
@@ -233,8 +255,11 @@ def measure_this_machine(
     (three matvecs), weight bytes over the best time; fixed time: the same expert at 1/16 of the
     size, what does not shrink with the bytes; FLOP rate: the extra time of 16 tokens over 1.
     The expert is float32: torch's CPU bf16 matvec paths vary by shape by up to 100x, and a
-    bandwidth is bytes read per second whatever their type. Both tiers share one memory bus
-    here, which the timing model does not know: the profile is for relative comparisons.
+    bandwidth is bytes read per second whatever their type. With `kernel` (a moespec expert
+    kernel's name), the fixed times come from that kernel as the engine calls it
+    (`kernel_times`): its time per call and per expert beyond the bytes. Both tiers share one
+    memory bus here, which the timing model does not know: the profile is for relative
+    comparisons.
     """
     import torch
 
@@ -261,9 +286,13 @@ def measure_this_machine(
     # Two points on t = fixed + bytes / bandwidth.
     bandwidth = (nbytes - small_bytes) / max(seconds - small_seconds, 1e-9)
     fixed = max(small_seconds - small_bytes / bandwidth, 0.0)
+    call = 0.0
+    if kernel is not None:  # the engine's kernel: its time per call beyond its experts' time
+        call, fixed = kernel_times(kernel, hidden_size, intermediate_size, bandwidth, 40)
     # The FLOP rate from the extra time of 16 tokens over 1 (2 FLOP per weight per token).
     batch_seconds, _ = expert_time(hidden_size, intermediate_size, tokens=16)
     flops = 2 * (nbytes / 4) * 15 / max(batch_seconds - seconds, 1e-9)
+    overlap = tier_overlap(hidden_size, intermediate_size, repeats)
     return HardwareProfile(
         name=THIS_MACHINE,
         link_bandwidth=link_bandwidth,
@@ -276,5 +305,70 @@ def measure_this_machine(
         cpu_flops=flops,
         cpu_expert_time=fixed,
         cpu_threads=threads,
+        kernel_call_time=call,
+        tier_overlap=overlap,
+        decisions_on_clock=True,
         note=f"measured with torch {torch.__version__} on {threads} threads",
+        sources=(
+            ("link_bandwidth", "measured: a 64 MiB tensor copy, best of the repeats"),
+            ("cpu_bandwidth", "measured: one expert on one token, against one at 1/16 size"),
+            ("cpu_expert_time", "measured: the same two points' intercept"),
+            ("cpu_flops", "measured: 16 tokens against 1 on the expert"),
+            ("kernel_call_time", "measured: the engine's kernel on 1 and 4 experts, one row each"),
+            ("tier_overlap", "measured: two experts in two threads against one alone"),
+            ("decisions_on_clock", "the engine's policy runs in Python on these cores"),
+        ),
     )
+
+
+def kernel_times(kernel: str, hidden_size: int, intermediate_size: int, bandwidth, repeats=5):
+    """(s per call, s per expert beyond its bytes at `bandwidth`) of a moespec expert kernel
+    as the engine calls a tier: U rows, one expert each (U = 1 and 4), float32 experts."""
+    import torch
+
+    from moespec.kernels import ExpertWeights, get_kernel
+
+    run_kernel, experts = get_kernel(kernel), 4
+    weights = ExpertWeights(
+        torch.randn(experts, 2 * intermediate_size, hidden_size),
+        torch.randn(experts, hidden_size, intermediate_size),
+    )
+    w = 3 * hidden_size * intermediate_size * 4
+
+    def timed(count: int) -> float:
+        x = torch.randn(count, hidden_size)
+        ids = torch.arange(count)[:, None]
+        gates = torch.ones(count, 1)
+        with torch.inference_mode():
+            return _best_time(lambda: run_kernel(x, ids, gates, weights), repeats)
+
+    one, four = timed(1), timed(experts)
+    per_expert = max((four - one) / (experts - 1) - w / bandwidth, 0.0)
+    return max(one - per_expert - w / bandwidth, 0.0), per_expert
+
+
+def tier_overlap(hidden_size: int, intermediate_size: int, repeats: int = 5) -> float:
+    """How far two tiers' expert work overlaps on this machine, in [0, 1]: one expert product
+    alone (t1) against two at once in two threads (t2), 2 - t2 / t1 (1: in parallel, as two
+    devices; 0: one after the other, as on one busy core)."""
+    import threading
+
+    import torch
+
+    weights = [torch.randn(3 * intermediate_size, hidden_size) for _ in range(2)]
+    x = torch.randn(1, hidden_size)
+
+    def product(w, times=20):
+        for _ in range(times):
+            x @ w.T
+
+    def both():
+        threads = [threading.Thread(target=product, args=(w,)) for w in weights]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+
+    alone = _best_time(lambda: product(weights[0]), repeats)
+    together = _best_time(both, repeats)
+    return min(max(2.0 - together / alone, 0.0), 1.0)

@@ -18,10 +18,13 @@ w_l its bytes, q_l = 2 w_l / (bytes per parameter) its FLOPs per token:
 
     accelerator   a_l(c) = phi_acc + w_l / B_acc + c q_l / F_acc
     CPU           g_l(c) = phi_cpu + w_l / B_cpu + c q_l / F_cpu
+    kernel call   kappa once per layer for each tier with experts (the engine's dispatch)
     copy          x_l    = lambda_link + w_l / B_link      (one copy engine, copies in sequence)
     hidden states z      = 2 (lambda_link + n d 2 / B_link) per layer with CPU experts (d: hidden)
-    dense         d_l    = phi_layer + D_l / B_acc   (attention, router, shared experts: D_l bytes
-                                                per layer; phi_layer: launches, synchronisation)
+    dense         d_l    = phi_layer + (n - 1) phi_token + D_l / B_acc   (attention, router,
+                                                shared experts: D_l bytes per layer; phi_layer:
+                                                launches, synchronisation; phi_token: work per
+                                                pass token, 0 on the GPU profiles)
     draft         h(k)   = k (phi_draft + D_draft / B_acc)   (the draft model on the accelerator)
     step          phi_step after the last layer (LM head, sampling)
 
@@ -31,20 +34,26 @@ The link runs all the while: on-demand fetches first, in the order planned, then
 the policy's queue yields them, each starting when the link is free (prefetches overlap the
 draft and earlier layers; a copy holds its cache bytes from its start). Then, in parallel:
 
-    accelerator  G_l = r_l + sum of a_l over experts arrived by r_l, then for each awaited
+    accelerator  G_l = r_l + kappa + sum of a_l over experts arrived by r_l, then for each awaited
                  expert in order of arrival: G_l = max(G_l, arrival) + a_l(c)
-    CPU          C_l = r_l + z + sum of g_l over the CPU experts, stretched by contention
-    layer end    t_{l+1} = max(G_l, C_l)
+    CPU          C_l = r_l + kappa + z + sum of g_l over the CPU experts, stretched by contention
+    layer end    t_{l+1} = max(G_l, C_l) + (1 - o) (min(G_l - r_l, C_l - r_l) + X_l)
+                 (o: the profile's tier overlap, 1 for two devices; below 1 where one
+                 processor computes both tiers and makes the copies, as on `this-machine`;
+                 X_l: the link's busy time in the layer that the accelerator did not wait for)
 
 Host-memory contention (profile's B_host > 0): the CPU's expert reads and the copy engine share
 host memory. While the link copies, the CPU reads weights at min(B_cpu, B_host - B_link): the
 weight-reading part M of C_l, with a share rho of [r_l, r_l + C_l] overlapped by copies, takes
 M (1 - rho) + M rho B_cpu / min(B_cpu, B_host - B_link). Copies keep their pace (the DMA engine
 is not throttled), an assumption. The step ends at t_L + phi_step; tokens/s = emitted tokens
-/ total time. The accelerator's memory is its own, and the link's other direction (hidden
-states) free.
+/ total time. A profile with `decisions_on_clock` (this machine: the engine's policy runs in
+Python on the cores that compute) adds the measured CPU time of each layer's policy and
+driver calls (plan, fetch admission, finish) to the virtual clock. The accelerator's memory is
+its own, and the link's other direction (hidden states) free.
 """
 
+import time
 from collections import deque
 from dataclasses import dataclass, field
 
@@ -70,6 +79,9 @@ class SimulationSettings:
     bytes_per_parameter: float = 2.0  # bf16
     rejected_routing: str = "popularity"  # or "continuation"; "trace" when given an array
     record: bool = False  # keep a per-layer log (for checks; slow and large on long runs)
+    # The accepted drafts of each step, replayed instead of the seeded draws (a measured run's,
+    # so that simulation and measurement take the same steps); steps past its end: k.
+    accepted: tuple[int, ...] | None = None
 
     def __post_init__(self):
         if not 0 <= self.cache_ratio <= 1:
@@ -137,6 +149,8 @@ class SimulationResult:
             "seconds": self.seconds,
             "layer_ms": self.layer_ms,
             "draft_seconds": self.draft_seconds,
+            "pass_seconds": self.pass_seconds,
+            "num_layers": self.num_layers,
             **self.stats.to_dict(),
             "needed_experts": self.stats.needed,
             "preload_bytes": self.preload_bytes,
@@ -159,6 +173,8 @@ class _Costs:
         self.cpu_slot = q / p.cpu_flops
         self.copy = p.link_latency + w / p.link_bandwidth
         self.dense = p.layer_time + s.dense_bytes_per_layer / p.accelerator_bandwidth
+        self.layer_token = p.layer_token_time
+        self.kernel_call = p.kernel_call_time
         self.step = p.step_time
         self.cpu_read = w / p.cpu_bandwidth  # the weight-reading part of g_l
         self.cpu_slowdown = 1.0
@@ -166,6 +182,7 @@ class _Costs:
             left = max(p.host_memory_bandwidth - p.link_bandwidth, 1e-3 * p.cpu_bandwidth)
             self.cpu_slowdown = p.cpu_bandwidth / min(p.cpu_bandwidth, left)
         self.link_latency, self.link_bandwidth = p.link_latency, p.link_bandwidth
+        self.tier_overlap, self.decisions_on_clock = p.tier_overlap, p.decisions_on_clock
         self.hidden_bytes_per_token = 2 * s.hidden_size
         draft_bytes = s.draft_bytes_ratio * trace.num_experts * w.sum()
         self.draft_token = p.draft_token_time + draft_bytes / p.accelerator_bandwidth
@@ -298,6 +315,9 @@ class _Run:
         n = min(self.k + 1, self._doc_end() - self.pos)
         drafts = self.rng.random(self.k) < self.s.acceptance  # drawn whatever n is: same steps
         accepted = int(np.argmin(drafts)) if not drafts.all() else self.k
+        if self.s.accepted is not None:
+            given = self.s.accepted
+            accepted = min(given[self.steps], self.k) if self.steps < len(given) else self.k
         emitted = min(accepted + 1, n, self.s.tokens - self.emitted)
         counts = _step_counts(self._window(n, accepted), self.trace.num_experts)
         self.smape.update(counts)
@@ -343,7 +363,7 @@ class _Run:
         policy, costs, link = self.policy, self.costs, self.link
         experts = np.flatnonzero(row)
         counts = row[experts]
-        now = start + costs.dense
+        now = start + costs.dense + (n - 1) * costs.layer_token
         link.advance(now)
         link.layer_copy_seconds, link.layer_copies = 0.0, 0
         hot = policy.predicted_hot(layer)
@@ -351,13 +371,16 @@ class _Run:
             self.accuracy.update(layer, hot, row)
         self.previous_pass.update(layer, self.active[layer], row)
         self.active[layer] = row > 0
+        decided = time.thread_time()
         placed = self.driver.plan(layer, experts, counts, now, link.fetch)
+        now += self._decision_time(decided)
         accelerator, cpu = placed.accelerator, placed.cpu
         acc_busy, acc_end = self._accelerator_time(layer, accelerator, row, now)
         cpu_busy = 0.0
         if len(cpu):
             cpu_busy = (
-                len(cpu) * costs.cpu_expert[layer]
+                costs.kernel_call
+                + len(cpu) * costs.cpu_expert[layer]
                 + row[cpu].sum() * costs.cpu_slot[layer]
                 + costs.hidden_round_trip(n)
             )
@@ -366,6 +389,12 @@ class _Run:
                 overlap = min(link.busy_within(now, now + cpu_busy) / cpu_busy, 1.0)
                 cpu_busy += len(cpu) * costs.cpu_read[layer] * overlap * (costs.cpu_slowdown - 1)
         end = max(acc_end, now + cpu_busy)
+        if costs.tier_overlap < 1.0:  # one processor for both tiers and the link: turns
+            shared = 1.0 - costs.tier_overlap
+            waited = max(acc_end - now - acc_busy, 0.0)  # the accelerator idle for arrivals
+            link.advance(end)
+            copying = max(link.busy_within(now, end) - waited, 0.0)  # copies beside compute
+            end += shared * (min(acc_end - now, cpu_busy) + copying)
         link.advance(end)  # copies that start while the layer computes
         if self.log is not None:
             self.log["layers"].append(
@@ -391,15 +420,22 @@ class _Run:
             link.layer_copy_seconds,
             link.layer_copies,
         )
+        decided = time.thread_time()
         self.driver.finish(layer, experts, counts, placed, timing)
-        return end
+        return end + self._decision_time(decided)
+
+    def _decision_time(self, since: float) -> float:
+        """The CPU time of the policy and driver calls since `since` (this thread's: what other
+        work on the host takes is left out), when the profile puts decisions on the clock
+        (they run on the processor that computes, in this process)."""
+        return time.thread_time() - since if self.costs.decisions_on_clock else 0.0
 
     def _accelerator_time(self, layer, accelerator, row, now) -> tuple[float, float]:
         costs = self.costs
         per_expert = costs.acc_expert[layer] + row[accelerator] * costs.acc_slot[layer]
         arrival = self.cache.ready_at[layer, accelerator]
         waiting = arrival > now
-        end = now + per_expert[~waiting].sum()
+        end = now + per_expert[~waiting].sum() + (costs.kernel_call if len(accelerator) else 0.0)
         order = np.argsort(arrival[waiting], kind="stable")
         for a, t in zip(arrival[waiting][order], per_expert[waiting][order], strict=True):
             end = max(end, a) + t

@@ -1,7 +1,8 @@
 """What the simulator replays: a routing trace, its fit split, and the bytes outside the experts.
 
 `synthetic_workload` builds a full-size trace for a named model shape from the locality process
-fitted to a target rho(2) (the published value of the shape by default); `trace_workload` reads
+fitted to a target rho(2) (the published value of the shape by default, with the popularity
+skew that also gives the published rho(9); another target gets skew 0.5); `trace_workload` reads
 a recorded trace. Dense bytes per layer (read once per pass, on the accelerator): the shared
 experts of the shape plus an attention estimate of 4 d^2 bf16 weights (q, k, v, o at full
 width; grouped-query attention reads less, so this errs towards slower passes for everyone).
@@ -33,7 +34,7 @@ def synthetic_workload(
     tokens: int,
     fit_tokens: int = 512,
     reuse2: float | None = None,
-    popularity_skew: float = 0.5,
+    popularity_skew: float | None = None,
     documents: int = 1,
     seed: int = 0,
 ) -> Workload:
@@ -45,6 +46,9 @@ def synthetic_workload(
     target = reuse2 if reuse2 is not None else shape.published_reuse2
     if target is None:
         raise SettingError(f"{model} has no published rho(2): pass {setting('reuse2')}")
+    if popularity_skew is None:  # the shape's skew fits its published rho(2) and rho(9) only
+        fitted = target == shape.published_reuse2 and shape.popularity_skew is not None
+        popularity_skew = shape.popularity_skew if fitted else 0.5
     process = LocalityProcess(shape.num_experts, shape.top_k, popularity_skew=popularity_skew).fit(
         target, seed=seed
     )
