@@ -208,7 +208,7 @@ def test_scoring_script_writes_every_rule_and_the_noise_floor(tmp_path, capsys):
     argv = [str(paths[n]) for n in ("plan", "verify", "sweep")] + ["--out", str(out)]
     assert score_plan.main(argv) == 0
     result = json.loads(out.read_text())
-    assert set(result) == {*VERSIONS, "noise_floor"}
+    assert set(result) == {*VERSIONS, "noise_floor", "provenance"}
     assert all(rule["holds"] for rule in result["calibrated"].values())
     assert result["noise_floor"]["k* within one at >= 9 of 11"] == {
         "holds": True,
