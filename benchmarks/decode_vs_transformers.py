@@ -19,8 +19,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import SHAPES, random_checkpoint  # noqa: E402
-
+from moespec.bench.checkpoints import SHAPES, random_checkpoint  # noqa: E402
 from moespec.calibrate.timing import read_bandwidth  # noqa: E402
 from moespec.decoding import KernelPolicy, generate  # noqa: E402
 from moespec.files import write_json  # noqa: E402

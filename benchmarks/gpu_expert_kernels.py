@@ -34,28 +34,27 @@ from pathlib import Path
 import numpy as np
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from gpu_expert_passes import (  # noqa: E402
+from moespec.bench.gpu_passes import (
     KERNELS,
     distinct_count,
+    finish,
     load_trace,
     plan_passes,
     plot,
     requested_bytes,
     summarize,
 )
-from gpu_expert_timing import (  # noqa: E402
+from moespec.bench.gpu_timing import (
     TRITON_KERNELS,
     Timer,
     copy_bandwidth,
     time_shape,
     tune_shape,
 )
-
-from moespec.files import atomic_path, check_writable, write_json  # noqa: E402
-from moespec.kernels import ExpertWeights  # noqa: E402
-from moespec.provenance import provenance  # noqa: E402
-from moespec.routing.shapes import SHAPES  # noqa: E402
+from moespec.files import atomic_path, check_writable, write_json
+from moespec.kernels import ExpertWeights
+from moespec.provenance import provenance
+from moespec.routing.shapes import SHAPES
 
 SHAPE_NAMES = ("olmoe-1b-7b", "qwen3-30b-a3b", "gpt-oss-20b", "deepseek-v2-lite")
 DRY_RUN_DEVICE = "NVIDIA H200"  # whose settings --dry-run compiles
@@ -138,27 +137,6 @@ def benchmark(args, device) -> int:
     except KeyboardInterrupt:
         print("interrupted: keeping the shapes measured so far", file=sys.stderr)
     return finish(results, args.out, figure)
-
-
-def finish(results: dict, out: Path, figure: Path) -> int:
-    """Summarise, write the JSON and the figure, print the headline numbers."""
-    results["summary"] = summarize(results) if results["timings"] else {}
-    write_json(out, results, force=True)
-    if results["summary"]:
-        with atomic_path(figure, force=True) as tmp:
-            plot(results["summary"], results["copy_bandwidth"]["bytes_per_s"], tmp)
-    for shape, kinds in results["summary"].items():
-        for ids, series in kinds.items():
-            ratios = " ".join(
-                f"{p.get('bandwidth_ratio', float('nan')):.2f}"
-                for _, p in sorted(series["points"].items())
-            )
-            print(
-                f"{shape:18} {ids:7} r(n) {ratios}  crossover {series.get('crossover')}  "
-                f"targets {series.get('targets_met')}"
-            )
-    print(f"wrote {out} and {figure}")
-    return 0 if results["complete"] else 130
 
 
 def redraw(args) -> int:

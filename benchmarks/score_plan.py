@@ -18,6 +18,7 @@ from pathlib import Path
 from moespec.calibrate.score import noise_floor, score
 from moespec.files import write_json
 from moespec.plan import load_plan
+from moespec.provenance import provenance
 
 
 def main(argv=None) -> int:
@@ -51,6 +52,8 @@ def main(argv=None) -> int:
     for name, (holds, detail) in floor.items():
         print(f"  {name:32s} {'holds' if holds else 'fails'}  ({detail})")
     if args.out:
+        inputs = {"plan": str(args.plan), "verify": str(args.verify), "sweep": str(args.sweep)}
+        results["provenance"] = provenance(settings=inputs)
         write_json(args.out, results, force=args.force)
     return 0
 

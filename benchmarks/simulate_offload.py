@@ -111,28 +111,29 @@ def main() -> int:
     )
     print(json.dumps(summary, indent=2))
     if not args.no_report:
-        from moespec.cli import main as cli
+        return write_simulated_report(args)
+    return 0
 
-        return cli(
-            [
-                "simulate",
-                "--synthetic",
-                args.model,
-                "--reuse2",
-                "0.48",
-                "--profile",
-                args.profile,
-                "--policy",
-                ",".join(POLICIES[:5]),
-                "--tokens",
-                str(args.report_tokens),
-                "--seed",
-                str(args.seed),
-                "--report",
-                str(args.out / "report"),
-                *(["--force"] if args.force else []),
-            ]
-        )
+
+def write_simulated_report(args) -> int:
+    """The Table 1 / Table 2 / Figure 5 report as `moespec simulate --synthetic MODEL
+    --reuse2 0.48 --profile P --policy <the first five> --tokens R --report DIR` makes it."""
+    from moespec.offload.sim.experiments import simulation
+    from moespec.report.offload import check_report_dir, write_report
+
+    directory = args.out / "report"
+    check_report_dir(directory, force=args.force)
+    run = simulation(
+        POLICIES[:5],
+        get_profile(args.profile),
+        synthetic=args.model,
+        reuse2=0.48,
+        tokens=args.report_tokens,
+        seed=args.seed,
+        report=True,
+    )
+    paths = write_report(directory, run.report, force=args.force)
+    print(f"wrote {', '.join(str(p) for p in paths)}")
     return 0
 
 

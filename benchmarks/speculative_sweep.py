@@ -18,8 +18,7 @@ from collections import Counter
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import SHAPES, random_checkpoint  # noqa: E402
-
+from moespec.bench.checkpoints import SHAPES, random_checkpoint  # noqa: E402
 from moespec.calibrate.plan import verify_documents  # noqa: E402
 from moespec.costmodel import best_draft_length  # noqa: E402
 from moespec.decoding import (  # noqa: E402

@@ -171,3 +171,18 @@ def edit_config(directory: Path, **changes) -> None:
     config = json.loads(path.read_text())
     config.update(changes)
     path.write_text(json.dumps(config))
+
+
+def run_script(path, argv: list[str]):
+    """A script of the repository run as a maintainer runs it (`python path ...`), importing
+    this checkout's moespec."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = str(Path(__file__).resolve().parent.parent)
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([root, os.environ.get("PYTHONPATH", "")]))
+    return subprocess.run(
+        [sys.executable, str(path), *argv], capture_output=True, text=True, env=env
+    )

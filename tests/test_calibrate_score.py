@@ -192,11 +192,11 @@ def test_score_passes_a_plan_that_predicts_its_runs_and_fails_one_that_does_not(
 
 def test_scoring_script_writes_every_rule_and_the_noise_floor(tmp_path, capsys):
     import json
+    import subprocess
     import sys
     from pathlib import Path
 
-    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
-    import score_plan
+    script = Path(__file__).resolve().parent.parent / "benchmarks" / "score_plan.py"
 
     plan = made_plan(SLOT, DEDUP, [0.0] * 9)
     truth = [min(s, d) for s, d in zip(SLOT, DEDUP, strict=True)]
@@ -206,12 +206,13 @@ def test_scoring_script_writes_every_rule_and_the_noise_floor(tmp_path, capsys):
     paths["sweep"].write_text(json.dumps(oracle_sweep(truth)))
     out = tmp_path / "score.json"
     argv = [str(paths[n]) for n in ("plan", "verify", "sweep")] + ["--out", str(out)]
-    assert score_plan.main(argv) == 0
+    done = subprocess.run([sys.executable, str(script), *argv], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
     result = json.loads(out.read_text())
-    assert set(result) == {*VERSIONS, "noise_floor"}
+    assert set(result) == {*VERSIONS, "noise_floor", "provenance"}
     assert all(rule["holds"] for rule in result["calibrated"].values())
     assert result["noise_floor"]["k* within one at >= 9 of 11"] == {
         "holds": True,
         "detail": "11 of 11",
     }
-    assert "noise floor" in capsys.readouterr().out
+    assert "noise floor" in done.stdout

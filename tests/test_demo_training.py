@@ -9,11 +9,10 @@ The full run takes most of an hour, so these tests replay only a sliver of it:
   elsewhere those checks are skipped with the reason;
 * anywhere, a tiny training run twice in-process writes byte-identical checkpoint folders.
 
-``scripts/`` is not a package and the training code is not part of the installed library, so
-the script is loaded from its path with importlib.
+The training code is the package ``moespec.demo.training`` (imported only here and by the
+script); the script is its command line.
 """
 
-import importlib.util
 import json
 import struct
 import subprocess
@@ -33,22 +32,15 @@ DEMO = ROOT / "moespec" / "demo"
 REPLAY_STEPS = 5
 
 
-def load_script():
-    """Import scripts/train_demo.py as a module."""
-    spec = importlib.util.spec_from_file_location("train_demo", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses look their module up while it executes
-    spec.loader.exec_module(module)
-    return module
-
-
 @pytest.fixture(scope="module")
 def td():
-    """The training script as a module, with transformers' progress bars off."""
+    """The training package (moespec.demo.training), with transformers' progress bars off."""
     import transformers
 
+    import moespec.demo.training
+
     transformers.utils.logging.disable_progress_bar()
-    return load_script()
+    return moespec.demo.training
 
 
 @pytest.fixture(scope="module")
@@ -79,10 +71,9 @@ def replayed(td, shipped_log):
     if env["tokenizers"] != shipped_log["env"]["tokenizers"]:
         pytest.skip(f"tokenizers {env['tokenizers']} != {shipped_log['env']['tokenizers']}")
     code = (
-        "import importlib.util, json, sys\n"
-        f"spec = importlib.util.spec_from_file_location('train_demo', {str(SCRIPT)!r})\n"
-        "td = importlib.util.module_from_spec(spec); sys.modules['train_demo'] = td\n"
-        "spec.loader.exec_module(td)\n"
+        "import json, os\n"
+        "os.environ.setdefault('OMP_WAIT_POLICY', 'PASSIVE')  # as scripts/train_demo.py\n"
+        "import moespec.demo.training as td\n"
         f"log = json.loads(open({str(DEMO / 'training_log.json')!r}).read())\n"
         f"print(json.dumps(td.replay(log, {REPLAY_STEPS})))\n"
     )
@@ -170,3 +161,11 @@ def test_tiny_training_is_byte_identical(td, tmp_path):
     )
     for rel in files:
         assert (tmp_path / "a" / rel).read_bytes() == (tmp_path / "b" / rel).read_bytes(), rel
+
+
+def test_the_command_line_refuses_to_overwrite_the_shipped_models_without_force():
+    from tests.checkpoints import run_script
+
+    done = run_script(SCRIPT, ["--out", str(DEMO)])
+    assert done.returncode != 0 and "refusing to overwrite" in done.stderr
+    assert "use --force" in done.stderr

@@ -48,6 +48,7 @@ def test_no_library_message_names_a_flag():
             code = line.split("#", 1)[0]
             if quoted_flag.search(code) and '"""' not in code:
                 offenders.append(f"{path.relative_to(package)}:{number}: {line.strip()}")
-    allowed = {"errors.py", "provenance.py", "report/reuse.py"}  # markers, git's own flags, "--"
+    # the markers themselves, git's own flags, a "--" table cell, the commands behind results
+    allowed = {"errors.py", "provenance.py", "report/reuse.py", "bench/results.py"}
     offenders = [o for o in offenders if o.split(":")[0] not in allowed]
     assert not offenders, "\n".join(offenders)

@@ -3,7 +3,6 @@
 
 import json
 import statistics
-import sys
 from argparse import Namespace
 from pathlib import Path
 
@@ -13,14 +12,19 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+import moespec.bench.gpu_passes as passes
+import moespec.bench.gpu_timing as timing
 from moespec.kernels import ExpertWeights, reference_experts
-from moespec.routing.shapes import ModelShape
+from moespec.routing.shapes import SHAPES, ModelShape
 from moespec.routing.trace import RoutingTrace
+from tests import checkpoints
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
-import gpu_expert_kernels as bench  # noqa: E402
-import gpu_expert_passes as passes  # noqa: E402
-import gpu_expert_timing as timing  # noqa: E402
+SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "gpu_expert_kernels.py"
+
+
+def run_script(argv: list[str]):
+    """The benchmark's command line, run as a maintainer runs it."""
+    return checkpoints.run_script(SCRIPT, argv)
 
 
 @settings(max_examples=50, deadline=None)
@@ -59,7 +63,7 @@ def test_trace_windows_never_cross_a_document():
 
 
 def test_a_npy_trace_is_checked_against_the_shape(tmp_path):
-    shape = bench.SHAPES["gpt-oss-20b"]  # 32 experts, top-4
+    shape = SHAPES["gpt-oss-20b"]  # 32 experts, top-4
     path = tmp_path / "ids.npy"
     np.save(path, np.tile(np.arange(4), (5, 1)))  # [T, m]
     ids, starts = passes.load_trace(path, shape)
@@ -71,14 +75,14 @@ def test_a_npy_trace_is_checked_against_the_shape(tmp_path):
 
 def test_a_parquet_trace_is_read_with_the_routing_store(tmp_path):
     store = pytest.importorskip("moespec.routing.store")
-    shape = bench.SHAPES["gpt-oss-20b"]
+    shape = SHAPES["gpt-oss-20b"]
     ids = np.stack([np.arange(4) + t % 5 for t in range(6)])[:, None, :]  # [T, L, m]
     trace = RoutingTrace(ids, np.array([0, 2, 6]), ["a", "b"], 32, [shape.bytes_per_expert], [0])
     store.write_trace(trace, tmp_path / "t.parquet")
     loaded, starts = passes.load_trace(tmp_path / "t.parquet", shape)
     assert np.array_equal(loaded, ids) and starts.tolist() == [0, 2, 6]
     with pytest.raises(ValueError, match="32 experts, olmoe-1b-7b has 64"):
-        passes.load_trace(tmp_path / "t.parquet", bench.SHAPES["olmoe-1b-7b"])
+        passes.load_trace(tmp_path / "t.parquet", SHAPES["olmoe-1b-7b"])
 
 
 def _record(kernel, n, top_k, distinct, time_us, ids="most", expert_bytes=1_000_000):
@@ -139,32 +143,32 @@ def test_the_crossover_is_where_deduplication_stays_faster(savings, expected):
     assert passes.crossover(savings) == expected
 
 
-def test_finish_writes_json_and_figure_and_plot_redraws_it(tmp_path, capsys):
+def test_finish_writes_json_and_figure_and_plot_redraws_it(tmp_path):
     out, figure = tmp_path / "r.json", tmp_path / "r.png"
-    assert bench.finish(_results(), out, figure) == 0
+    assert passes.finish(_results(), out, figure) == 0
     saved = json.loads(out.read_text())
     assert saved["summary"]["s"]["most"]["crossover"] == 2
     assert figure.stat().st_size > 10_000
     figure.unlink()
-    assert bench.main(["--plot", str(out)]) == 0
+    assert run_script(["--plot", str(out)]).returncode == 0
     assert figure.exists()
-    assert bench.main(["--plot", str(out)]) == 2  # not clobbered without --force
-    assert "already exists" in capsys.readouterr().err
+    again = run_script(["--plot", str(out)])
+    assert again.returncode == 2 and "already exists" in again.stderr  # kept without --force
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has CUDA")
-def test_without_cuda_the_benchmark_refuses_with_status_2(tmp_path, capsys):
-    assert bench.main(["--out", str(tmp_path / "r.json")]) == 2
-    assert "CUDA is not available" in capsys.readouterr().err
+def test_without_cuda_the_benchmark_refuses_with_status_2(tmp_path):
+    done = run_script(["--out", str(tmp_path / "r.json")])
+    assert done.returncode == 2 and "CUDA is not available" in done.stderr
     assert not list(tmp_path.iterdir())
 
 
-def test_the_dry_run_prints_every_pass_and_the_run_count(capsys):
+def test_the_dry_run_prints_every_pass_and_the_run_count():
     args = ["--dry-run", "--no-compile", "--shapes", "olmoe-1b-7b", "--tokens", "1,9"]
-    assert bench.main(args) == 0
-    printed = capsys.readouterr().out
-    assert "n 9 fewest U   8" in printed and "n 9 most   U  64" in printed
-    assert f"{2 * 2 * len(passes.KERNELS) * 20} timed runs" in printed
+    done = run_script(args)
+    assert done.returncode == 0, done.stderr
+    assert "n 9 fewest U   8" in done.stdout and "n 9 most   U  64" in done.stdout
+    assert f"{2 * 2 * len(passes.KERNELS) * 20} timed runs" in done.stdout
 
 
 @pytest.mark.parametrize(
@@ -175,11 +179,9 @@ def test_the_dry_run_prints_every_pass_and_the_run_count(capsys):
         (["--trace", "t.npy"], "--trace and --trace-shape go together"),
     ],
 )
-def test_bad_arguments_are_refused(argv, message, capsys):
-    with pytest.raises(SystemExit) as exit_:
-        bench.parse_args(argv)
-    assert exit_.value.code == 2
-    assert message in capsys.readouterr().err
+def test_bad_arguments_are_refused(argv, message):
+    done = run_script(argv)
+    assert done.returncode == 2 and message in done.stderr
 
 
 def _cpu_pass(dtype):

@@ -276,19 +276,15 @@ def test_a_trace_whose_experts_vary_passes_the_degeneracy_check():
 def test_demo_text_through_the_benchmark_tokenizer_is_not_degenerate(tmp_path):
     # Benchmark checkpoints of real shapes carry the demo's byte-level BPE: held-out text
     # becomes varied ids and routes as text does.
-    import sys
-    from pathlib import Path
 
     import torch
     import transformers
 
+    from moespec.bench.checkpoints import has_text_tokenizer, write_text_tokenizer
     from moespec.demo.corpus import held_out_documents
     from moespec.models import load_model
     from moespec.routing.record import record_trace
     from tests.checkpoints import FAMILIES
-
-    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
-    from common import has_text_tokenizer, write_text_tokenizer
 
     settings = dict(FAMILIES["olmoe"], vocab_size=4096, num_hidden_layers=1)
     torch.manual_seed(0)

@@ -192,3 +192,17 @@ def load_raw(path: Path, expect_header: dict | None = None) -> list[dict]:
 def medians(records: Iterable[dict], **where) -> list[dict]:
     """The records matching every `field=value` given."""
     return [r for r in records if all(r.get(k) == v for k, v in where.items())]
+
+
+def random_experts(
+    shape, dtype: torch.dtype, seed: int = 0, *, device="cpu", pack: bool = True
+) -> ExpertWeights:
+    """One layer of random experts of a named shape's real dimensions (time does not depend
+    on the values), on `device`; packed for the CPU's fast path as a loaded model holds them
+    (`pack`; a no-op off the CPU)."""
+    generator = torch.Generator(device=device).manual_seed(seed)
+    e, h, i = shape.num_experts, shape.hidden_size, shape.expert_intermediate_size
+    gate_up = torch.randn(e, 2 * i, h, generator=generator, device=device) * 0.02
+    down = torch.randn(e, h, i, generator=generator, device=device) * 0.02
+    experts = ExpertWeights(gate_up.to(dtype), down.to(dtype))
+    return experts.pack() if pack else experts

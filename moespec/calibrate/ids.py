@@ -40,6 +40,12 @@ def recorded_windows(
 
     expert_ids: [T, m] one layer's ids over the trace's tokens; doc_starts: [D + 1].
     """
+    picks = window_starts(doc_starts, n_tokens, count, rng)
+    return np.stack([expert_ids[s : s + n_tokens] for s in picks])
+
+
+def window_starts(doc_starts: np.ndarray, n_tokens: int, count: int, rng) -> np.ndarray:
+    """Up to `count` distinct first tokens of windows of n tokens inside documents, sorted."""
     starts = [
         np.arange(a, b - n_tokens + 1)
         for a, b in zip(doc_starts[:-1], doc_starts[1:], strict=True)
@@ -48,10 +54,15 @@ def recorded_windows(
     candidates = np.concatenate(starts) if starts else np.empty(0, dtype=np.int64)
     if len(candidates) == 0:
         raise ValueError(f"the trace has no window of {n_tokens} tokens inside a document")
-    picks = rng.choice(candidates, size=min(count, len(candidates)), replace=False)
-    return np.stack([expert_ids[s : s + n_tokens] for s in np.sort(picks)])
+    return np.sort(rng.choice(candidates, size=min(count, len(candidates)), replace=False))
 
 
 def distinct_count(ids: np.ndarray) -> int:
     """X: the distinct experts a pass's ids name."""
     return len(np.unique(ids))
+
+
+def requested_bytes(kernel: str, n_tokens: int, top_k: int, distinct: int, expert_bytes: int):
+    """E_p(n), seed 000 §1: per-slot reads n m experts; every deduplicating kernel reads each
+    of the pass's distinct experts once."""
+    return (n_tokens * top_k if kernel == "slot" else distinct) * expert_bytes

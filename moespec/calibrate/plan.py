@@ -17,9 +17,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import numpy as np
-import torch
 
-from moespec.calibrate.bench import BenchSettings, ExpertOpBenchmark
+from moespec.calibrate.bench import BenchSettings, ExpertOpBenchmark, random_experts
 from moespec.calibrate.bytes import model_bytes
 from moespec.calibrate.fits import LayerFits, SlotFit, effective_bandwidths
 from moespec.calibrate.ids import recorded_windows
@@ -420,15 +419,6 @@ def plan_provenance(experts: ExpertWeights, settings: dict) -> Provenance:
     what, from which commit, with which settings of the chain."""
     device = "cpu" if experts.is_packed else str(experts.gate_up.device)
     return Provenance(**provenance(device, settings))
-
-
-def random_experts(shape, dtype: torch.dtype, seed: int = 0) -> ExpertWeights:
-    """One layer of random experts of a named shape's real dimensions."""
-    generator = torch.Generator().manual_seed(seed)
-    e, h, i = shape.num_experts, shape.hidden_size, shape.expert_intermediate_size
-    gate_up = (torch.randn(e, 2 * i, h, generator=generator) * 0.02).to(dtype)
-    down = (torch.randn(e, h, i, generator=generator) * 0.02).to(dtype)
-    return ExpertWeights(gate_up, down).pack()  # as a loaded model holds them
 
 
 def make_shape_plan(out_dir: Path, *, progress: Progress | bool = True, **options) -> ShapePlan:

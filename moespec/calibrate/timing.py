@@ -39,11 +39,17 @@ def time_runs(
     return samples
 
 
+def quartiles(samples: list[float]) -> tuple[float, float, float]:
+    """(Q1, median, Q3) of the samples (inclusive method); one sample is all three."""
+    if len(samples) < 2:
+        return samples[0], samples[0], samples[0]
+    q1, q2, q3 = statistics.quantiles(samples, n=4, method="inclusive")
+    return q1, q2, q3
+
+
 def median_iqr(samples: list[float]) -> tuple[float, float]:
     """(median, interquartile range) of the samples."""
-    if len(samples) < 2:
-        return samples[0], 0.0
-    q1, _, q3 = statistics.quantiles(samples, n=4, method="inclusive")
+    q1, _, q3 = quartiles(samples)
     return statistics.median(samples), q3 - q1
 
 

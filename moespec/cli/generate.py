@@ -186,149 +186,50 @@ def parse_draft_length(text: str) -> int | str:
 
 
 def run(args: argparse.Namespace) -> int:
-    import torch
+    from moespec.session import GenerateSettings, generate_text
 
-    from moespec.decoding import KernelPolicy, Sampler, generate, summarize
-    from moespec.decoding.compare import compare_plain
-    from moespec.decoding.repetition import stop_repetition
-    from moespec.decoding.setup import draft_name, greedy_reference, speculation_factory
-    from moespec.demo import describe
-    from moespec.models import StreamingDetokenizer, load_model
-    from moespec.models.context import fit_context
-
-    draft_length = parse_draft_length(args.draft_length)
-    if args.threads is not None:
-        torch.set_num_threads(args.threads)
-    KernelPolicy(args.kernel, args.crossover)  # bad flags fail before the model loads
-    check_offload_flags(args)
-    sampler = Sampler(args.temperature, args.top_p, args.seed)
-    torch.manual_seed(args.seed)
-    if args.model is None:
-        from moespec.demo import demo_paths
-
-        args.model, demo_draft = map(str, demo_paths())
-        if args.draft is None:
-            args.draft = f"auto:{demo_draft}"
-    if args.draft == "none":
-        args.draft = None
-    model, tokenizer = load_model(args.model, dtype=args.dtype, pack=args.offload is None)
-    model.batch_invariant = args.batch_invariant == "on"
-    plan = None
-    if args.plan:
-        from moespec.plan import load_plan
-
-        plan = load_plan(args.plan, model.config)
-    crossover = args.crossover
-    if crossover is None and plan is not None:
-        crossover = plan.kernel.crossover
-    prompt = tokenizer.encode(args.prompt)
-    if not prompt:
-        raise ValueError("the prompt encodes to no tokens")
-    given = len(prompt)
-    prompt = fit_context(prompt, model.config, new_tokens=args.max_tokens, truncate=args.truncate)
-    stops = model.config.eos_token_ids
-
-    make_speculation = None
-    if args.draft:
-        reference = None
-        if args.draft.startswith("oracle") and sampler.greedy:  # in memory, untimed
-            kernels = KernelPolicy(args.kernel, crossover)
-            reference = greedy_reference(model, prompt, args.max_tokens, kernels, stops)
-        make_speculation = speculation_factory(
-            args.draft,
-            draft_length=draft_length,
-            max_draft_length=args.max_draft_length,
-            plan=plan,
-            target=model,
-            tokenizer=tokenizer,
-            sampler=sampler,
-            prompt=prompt,
-            max_tokens=args.max_tokens,
-            dtype=args.dtype,
-            reference=reference,
-            seed=args.seed,
-        )
-    notes = {"offload": True}
-    offload_runs = {True: [], False: []}  # each generation's offload summary, by arm
-
-    def arm(speculative: bool):
-        """One fresh generation per call: sampler, kernel policy, drafters, offload cache."""
-
-        def decode(max_tokens: int):
-            note = notes.pop("offload", False)
-            offload = open_offload(args, model, speculative, draft_length, note=note)
-            try:  # both arms stop alike at a loop (moespec.decoding.repetition)
-                records = generate(
-                    model,
-                    prompt,
-                    max_tokens=max_tokens,
-                    sampler=Sampler(args.temperature, args.top_p, args.seed),
-                    kernels=KernelPolicy(args.kernel, crossover),
-                    drafter=make_speculation() if speculative else None,
-                    stop_tokens=stops,
-                    offload=offload,
-                )
-                yield from stop_repetition(records, args.stop_repeats)
-            finally:
-                if offload is not None:
-                    offload_runs[speculative].append(offload.summary())
-                    offload.close()
-
-        return decode
-
-    stream = StreamingDetokenizer(tokenizer)
-
-    def show(record) -> None:
-        piece = stream.add(record.tokens)
-        if not args.json:
-            print(piece, end="", flush=True)
-
-    comparison = None
-    speculative = make_speculation is not None
-    if not args.json:
-        echo_prompt(args.prompt if len(prompt) == given else tokenizer.decode(prompt))
-    if args.compare_plain:
-        comparison, records = compare_plain(
-            arm(speculative), arm(False), args.max_tokens, rounds=args.rounds, on_speculative=show
-        )
-    else:
-        records = []
-        for record in arm(speculative)(args.max_tokens):
-            records.append(record)
-            show(record)
-    tokens = [t for r in records for t in r.tokens]
-    summary = summarize(records)
-    if offload_runs[speculative]:  # the shown run's: after the warm-up when comparing
-        summary["offload"] = offload_runs[speculative][1 if comparison else 0]
-    if comparison is not None:
-        compared = comparison.to_dict()
-        summary["speedup"] = compared.pop("speedup")
-        summary["plain_tokens_per_second"] = compared["plain_tokens_per_second"]
-        summary["same_tokens_as_plain"] = compared["same_tokens_as_plain"]
-        summary["compare"] = compared
+    settings = GenerateSettings(
+        prompt=args.prompt,
+        model=args.model,
+        max_tokens=args.max_tokens,
+        draft=args.draft,
+        draft_length=parse_draft_length(args.draft_length),
+        max_draft_length=args.max_draft_length,
+        compare_plain=args.compare_plain,
+        rounds=args.rounds,
+        kernel=args.kernel,
+        crossover=args.crossover,
+        plan=args.plan,
+        dtype=args.dtype,
+        batch_invariant=args.batch_invariant == "on",
+        truncate=args.truncate,
+        stop_repeats=args.stop_repeats,
+        temperature=args.temperature,
+        top_p=args.top_p,
+        seed=args.seed,
+        threads=args.threads,
+        offload=args.offload,
+        expert_cache_ratio=args.expert_cache_ratio,
+        expert_cache_bytes=args.expert_cache_bytes,
+        offload_device=args.offload_device,
+        offload_fit=args.offload_fit,
+    )
+    result = generate_text(
+        settings,
+        on_prompt=None if args.json else echo_prompt,
+        on_text=None if args.json else (lambda piece: print(piece, end="", flush=True)),
+        on_note=lambda line: print(line, file=sys.stderr),
+    )
     if args.json:
-        print(
-            json.dumps(
-                {
-                    "model": describe(args.model),
-                    "draft": draft_name(args.draft),
-                    "prompt": args.prompt,
-                    "prompt_tokens": prompt,
-                    "tokens": tokens,
-                    "text": tokenizer.decode(tokens),
-                    "threads": model.thread_plan(),
-                    "batch_invariant": model.batch_invariant,
-                    **summary,
-                    "steps": [r.to_dict() for r in records],
-                }
-            )
-        )
-    else:
-        print(stream.flush())
-        print(format_summary(summary, len(tokens), len(prompt), speculative), file=sys.stderr)
-        print(format_notes(summary, len(prompt), given, args.stop_repeats), file=sys.stderr, end="")
-        if summary.get("offload"):
-            print(format_offload(summary["offload"]), file=sys.stderr)
+        print(json.dumps(result.to_dict()))
+        return 0
+    print()
+    summary, kept = result.summary, len(result.prompt_tokens)
+    print(format_summary(summary, len(result.tokens), kept, result.speculative), file=sys.stderr)
+    notes = format_notes(summary, kept, result.given_prompt_tokens, args.stop_repeats)
+    print(notes, file=sys.stderr, end="")
+    if summary.get("offload"):
+        print(format_offload(summary["offload"]), file=sys.stderr)
     return 0
 
 
@@ -350,68 +251,6 @@ def echo_prompt(prompt: str) -> None:
     continuation alone."""
     if sys.stdout.isatty():
         print(f"\x1b[2m{prompt}\x1b[0m", end="", flush=True)
-
-
-def check_offload_flags(args) -> None:
-    """Offload flags that are wrong whatever the model: fail before it loads."""
-    if args.offload is None:
-        if args.expert_cache_ratio is not None or args.expert_cache_bytes is not None:
-            raise ValueError("--expert-cache-ratio/--expert-cache-bytes need --offload POLICY")
-        return
-    from moespec.offload import make_policy as make_offload_policy
-
-    make_offload_policy(args.offload)  # an unknown name fails here
-    if args.expert_cache_ratio is None and args.expert_cache_bytes is None:
-        args.expert_cache_ratio = 0.25
-    if args.expert_cache_ratio is not None and not args.expert_cache_ratio > 0:
-        raise ValueError(f"--expert-cache-ratio must be > 0, got {args.expert_cache_ratio}")
-    if args.expert_cache_bytes is not None and args.expert_cache_bytes < 0:
-        raise ValueError(f"--expert-cache-bytes must be >= 0, got {args.expert_cache_bytes}")
-
-
-def open_offload(args, model, speculative: bool, draft_length, note: bool = True):
-    """The offload engine of --offload (None without it, or when the budget holds every
-    expert: then the model runs in memory, and a note says so)."""
-    if args.offload is None:
-        return None
-    from moespec.offload import make_policy as make_offload_policy
-    from moespec.offload.engine.executor import (
-        OffloadEngine,
-        expert_cache_budget,
-        fits_in_memory,
-        model_expert_bytes,
-    )
-
-    policy = make_offload_policy(args.offload)
-    if speculative and not policy.speculative:
-        raise ValueError(
-            f"--offload {args.offload} plans for decoding without a draft: add --draft none"
-        )
-    total, one = model_expert_bytes(model)
-    budget = expert_cache_budget(
-        total, one, ratio=args.expert_cache_ratio, nbytes=args.expert_cache_bytes
-    )
-    if fits_in_memory(budget, total):
-        if note:
-            print(
-                f"note: the expert cache ({budget} bytes) holds all {total} bytes of experts: "
-                "running in memory",
-                file=sys.stderr,
-            )
-        return None
-    k = args.max_draft_length if draft_length == "auto" else draft_length
-    engine = OffloadEngine.for_model(
-        model, policy, budget, draft_length=k if speculative else 0, device=args.offload_device
-    )
-    if args.offload_fit:
-        from moespec.routing import read_trace
-
-        try:
-            engine.start(read_trace(args.offload_fit))
-        except BaseException:
-            engine.close()
-            raise
-    return engine
 
 
 def format_offload(s: dict) -> str:

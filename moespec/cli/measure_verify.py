@@ -70,12 +70,14 @@ def run(args: argparse.Namespace) -> int:
             progress=progress,
         )
     from moespec.demo import describe
+    from moespec.provenance import provenance
 
     result = {
         "model": describe(model_dir),
         "dtype": args.dtype,
         "depth": args.depth,
         "records": records,
+        "provenance": provenance(model.embed.device, {"kernels": kernels, "repeats": args.repeats}),
     }
     if args.out:
         write_json(args.out, result, force=args.force)

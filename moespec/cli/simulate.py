@@ -73,9 +73,10 @@ def run(args: argparse.Namespace) -> int:
     from dataclasses import asdict
 
     from moespec.offload import make_policy
-    from moespec.offload.sim.experiments import compare_policies, settings_for
+    from moespec.offload.sim.experiments import simulation
     from moespec.offload.sim.hardware import get_profile
     from moespec.progress import Progress, show_progress
+    from moespec.report.offload import check_report_dir, write_report
 
     names = [n.strip() for n in args.policy.split(",") if n.strip()]
     if not names:
@@ -83,100 +84,40 @@ def run(args: argparse.Namespace) -> int:
     for name in names:
         make_policy(name)  # unknown names fail here, before any long work
     if args.report:
-        from moespec.report.offload import check_report_dir
-
         check_report_dir(args.report, force=args.force)
     profile = get_profile(args.profile)
     with Progress(show_progress(quiet=args.json)) as progress:
-        progress.start("reading the trace" if args.trace else "making the synthetic trace")
-        workload = load_workload(args)
-        settings = settings_for(
-            workload,
-            cache_ratio=args.expert_cache_ratio,
-            draft_length=args.draft_length,
-            acceptance=args.acceptance,
-            tokens=args.tokens,
-            seed=args.seed,
-        )
-        progress.start("simulating", total=len(names), unit="runs")
-        results = compare_policies(workload, names, profile, settings, progress.step)
-        if args.report:
-            try:
-                paths = write_full_report(args, workload, names, profile, settings, progress)
-            except KeyboardInterrupt:
+        try:
+            run = simulation(
+                names,
+                profile,
+                trace=args.trace,
+                synthetic=args.synthetic,
+                cache_ratio=args.expert_cache_ratio,
+                draft_length=args.draft_length,
+                acceptance=args.acceptance,
+                tokens=args.tokens,
+                fit_tokens=args.fit_tokens,
+                reuse2=args.reuse2,
+                seed=args.seed,
+                report=bool(args.report),
+                progress=progress,
+            )
+            if args.report:
+                progress.start(f"writing the report to {args.report}")
+                paths = write_report(args.report, run.report, force=args.force)
+        except KeyboardInterrupt:
+            if args.report:
                 progress.close()
                 print(f"interrupted: nothing written to {args.report}", file=sys.stderr)
-                raise
+            raise
     if args.json:
-        print(json.dumps(results, indent=2))
+        print(json.dumps(run.results, indent=2))
     else:
-        print(format_results(results, workload.name, profile.name, asdict(settings)))
+        print(format_results(run.results, run.workload.name, profile.name, asdict(run.settings)))
     if args.report and not args.json:
         print(f"wrote {', '.join(str(p) for p in paths)}")
     return 0
-
-
-def load_workload(args):
-    from moespec.offload.sim.workload import synthetic_workload, trace_workload
-
-    if args.trace:
-        return trace_workload(args.trace)
-    if args.tokens < 1 or args.fit_tokens < 1:
-        raise ValueError("--tokens and --fit-tokens must be >= 1")
-    # Speculative steps emit at most the trace's tokens: k + 1 more cover the last pass.
-    return synthetic_workload(
-        args.synthetic,
-        tokens=args.tokens + args.draft_length + 1,
-        fit_tokens=args.fit_tokens,
-        reuse2=args.reuse2,
-        seed=args.seed,
-    )
-
-
-def write_full_report(args, workload, names, profile, settings, progress):
-    from dataclasses import asdict
-
-    from moespec.offload import ABLATIONS
-    from moespec.offload.sim.experiments import (
-        CACHE_RATIOS,
-        DRAFT_LENGTHS,
-        PAPER_ACCEPTANCES,
-        ablation_table,
-        sweep,
-        workload_table,
-    )
-    from moespec.provenance import provenance
-    from moespec.report.offload import write_report
-
-    baselines_ar = [f"{n}-ar" for n in ("lru", "static", "hybrid")]
-    table_names = list(dict.fromkeys([*names, *baselines_ar]))
-    draft_lengths = [k for k in DRAFT_LENGTHS if k + 1 <= settings.tokens]
-    runs = len(names) * (len(CACHE_RATIOS) + len(draft_lengths))
-    runs += len(table_names) * len(PAPER_ACCEPTANCES) + len(ABLATIONS)
-    progress.start("simulating the report", total=runs, unit="runs")
-    step = progress.step
-    trace = workload.trace
-    data = {
-        "settings": asdict(settings),
-        "profile": profile.to_dict(),
-        "workload": {
-            "name": workload.name,
-            "layers": trace.num_layers,
-            "experts": trace.num_experts,
-            "top_k": trace.top_k,
-            "metadata": trace.metadata,
-        },
-        "table1": workload_table(workload, table_names, profile, settings, progress=step),
-        "table2": ablation_table(workload, profile, settings, step),
-        "figure5": sweep(workload, names, profile, settings, "cache_ratio", CACHE_RATIOS, step),
-        "draft_length": sweep(
-            workload, names, profile, settings, "draft_length", draft_lengths, step
-        ),
-        "provenance": provenance(),
-    }
-    data["workload"]["smape"] = data["table2"][0]["frequency_smape"]
-    progress.start(f"writing the report to {args.report}")
-    return write_report(args.report, data, force=args.force)
 
 
 def format_results(results: dict, workload: str, profile: str, settings: dict) -> str:

@@ -5,8 +5,9 @@ the benchmark and the report consume the same numbers. `progress(label)` is call
 simulation (for a progress bar); every simulation replays the same workload with a fresh policy.
 """
 
-from dataclasses import replace
+from dataclasses import dataclass, replace
 
+from moespec.errors import SettingError, setting
 from moespec.offload import ABLATIONS, make_policy
 from moespec.offload.sim.simulator import SimulationSettings, simulate
 
@@ -75,3 +76,128 @@ def sweep(workload, names, profile, settings, field: str, values, progress=None)
             result = run_policy(workload, name, profile, replace(settings, **{field: value}))
             rows.append({field: value, **result})
     return rows
+
+
+def load_workload(
+    trace=None,
+    synthetic: str | None = None,
+    *,
+    tokens: int = 2048,
+    fit_tokens: int = 512,
+    draft_length: int = 8,
+    reuse2: float | None = None,
+    seed: int = 0,
+):
+    """A recorded trace's workload, or a synthetic one of a built-in shape long enough for
+    `tokens` tokens of speculative steps of `draft_length`."""
+    from moespec.offload.sim.workload import synthetic_workload, trace_workload
+
+    if trace is not None:
+        return trace_workload(trace)
+    if tokens < 1 or fit_tokens < 1:
+        raise SettingError(f"{setting('tokens')} and {setting('fit_tokens')} must be >= 1")
+    # Speculative steps emit at most the trace's tokens: k + 1 more cover the last pass.
+    return synthetic_workload(
+        synthetic,
+        tokens=tokens + draft_length + 1,
+        fit_tokens=fit_tokens,
+        reuse2=reuse2,
+        seed=seed,
+    )
+
+
+@dataclass
+class Simulation:
+    """Policies compared on one workload, profile and settings; the report's data if made."""
+
+    workload: object
+    profile: object
+    settings: SimulationSettings
+    results: dict[str, dict]
+    report: dict | None = None
+
+
+def simulation(
+    names,
+    profile,
+    *,
+    trace=None,
+    synthetic: str | None = None,
+    cache_ratio: float = 0.25,
+    draft_length: int = 8,
+    acceptance: float = 0.7,
+    tokens: int = 2048,
+    fit_tokens: int = 512,
+    reuse2: float | None = None,
+    seed: int = 0,
+    report: bool = False,
+    progress=None,
+) -> Simulation:
+    """What `moespec simulate` shows: each named policy on the workload (a recorded trace or
+    a synthetic shape) and profile, and with `report` the comparisons of `full_report`.
+    progress: a `moespec.progress.Progress`, or None."""
+    from moespec.progress import Progress
+
+    progress = progress or Progress(False)
+    progress.start("reading the trace" if trace else "making the synthetic trace")
+    workload = load_workload(
+        trace,
+        synthetic,
+        tokens=tokens,
+        fit_tokens=fit_tokens,
+        draft_length=draft_length,
+        reuse2=reuse2,
+        seed=seed,
+    )
+    settings = settings_for(
+        workload,
+        cache_ratio=cache_ratio,
+        draft_length=draft_length,
+        acceptance=acceptance,
+        tokens=tokens,
+        seed=seed,
+    )
+    progress.start("simulating", total=len(names), unit="runs")
+    results = compare_policies(workload, names, profile, settings, progress.step)
+    data = full_report(workload, names, profile, settings, progress) if report else None
+    return Simulation(workload, profile, settings, results, data)
+
+
+def full_report(workload, names, profile, settings, progress=None) -> dict:
+    """The data of seed 003's comparisons for `moespec.report.offload.write_report`: Table 1
+    (policies, the autoregressive baselines too, x the paper's acceptances), Table 2 (SpAc's
+    ablations), Figure 5 (the cache ratio) and the draft length swept, with provenance."""
+    from dataclasses import asdict
+
+    from moespec.progress import Progress
+    from moespec.provenance import provenance
+
+    progress = progress or Progress(False)
+    baselines_ar = [f"{n}-ar" for n in ("lru", "static", "hybrid")]
+    table_names = list(dict.fromkeys([*names, *baselines_ar]))
+    draft_lengths = [k for k in DRAFT_LENGTHS if k + 1 <= settings.tokens]
+    runs = len(names) * (len(CACHE_RATIOS) + len(draft_lengths))
+    runs += len(table_names) * len(PAPER_ACCEPTANCES) + len(ABLATIONS)
+    progress.start("simulating the report", total=runs, unit="runs")
+    step = progress.step
+    trace = workload.trace
+    data = {
+        "settings": asdict(settings),
+        "profile": profile.to_dict(),
+        "workload": {
+            "name": workload.name,
+            "layers": trace.num_layers,
+            "experts": trace.num_experts,
+            "top_k": trace.top_k,
+            "metadata": trace.metadata,
+        },
+        "table1": workload_table(workload, table_names, profile, settings, progress=step),
+        "table2": ablation_table(workload, profile, settings, step),
+        "figure5": sweep(workload, names, profile, settings, "cache_ratio", CACHE_RATIOS, step),
+        "draft_length": sweep(
+            workload, names, profile, settings, "draft_length", draft_lengths, step
+        ),
+        "provenance": provenance(),
+    }
+    data["workload"]["smape"] = data["table2"][0]["frequency_smape"]
+    return data

@@ -3,7 +3,7 @@
 Kernels (all on the signature f(x, expert_ids, expert_weights)): the Triton per-slot and
 deduplicating kernels, a loop of F.linear over the distinct experts (grouped on the host before
 timing), torch's grouped GEMM (`F.grouped_mm`) and transformers' experts module on its
-"grouped_mm" path. Used by gpu_expert_kernels.py.
+"grouped_mm" path. Used by benchmarks/gpu_expert_kernels.py.
 """
 
 import statistics
@@ -12,8 +12,9 @@ import sys
 import numpy as np
 import torch
 import torch.nn.functional as F
-from gpu_expert_passes import CHOSEN, chosen_ids, distinct_count, requested_bytes
 
+from moespec.bench.gpu_passes import CHOSEN, chosen_ids, distinct_count, requested_bytes
+from moespec.calibrate.bench import random_experts
 from moespec.kernels import ExpertWeights, reference_experts
 
 TRITON_KERNELS = ("slot", "dedup")
@@ -158,15 +159,6 @@ def copy_bandwidth(timer: Timer, device, nbytes: int = 2**31, repeats: int = 20)
     }
 
 
-def random_experts(shape, device, seed: int) -> ExpertWeights:
-    generator = torch.Generator(device=device).manual_seed(seed)
-    h, i, e = shape.hidden_size, shape.expert_intermediate_size, shape.num_experts
-    return ExpertWeights(
-        torch.randn(e, 2 * i, h, generator=generator, device=device, dtype=torch.bfloat16) / 32,
-        torch.randn(e, h, i, generator=generator, device=device, dtype=torch.bfloat16) / 32,
-    )
-
-
 def pass_inputs(expert_ids: np.ndarray, hidden: int, device, seed: int):
     generator = torch.Generator(device=device).manual_seed(seed)
     n, top_k = expert_ids.shape
@@ -205,7 +197,7 @@ def check_kernels(runners: dict, experts: ExpertWeights, passes, device, seed):
 
 def time_shape(args, shape, timer, settings, passes, device) -> tuple[list, list, dict]:
     """(timing records, checks, unavailable kernels) of every pass of one shape."""
-    experts = random_experts(shape, device, args.seed)
+    experts = random_experts(shape, torch.bfloat16, args.seed, device=device, pack=False)
     expert_bytes = experts.bytes_per_expert
     runners = {
         name: lambda ids, name=name: kernel_runner(name, experts, shape.top_k, settings, ids)
@@ -296,7 +288,7 @@ def tune_shape(shape, timer, device, args) -> tuple[dict, list]:
     """Best stage settings of both Triton kernels for one shape, and every score."""
     from moespec.kernels.triton.settings import TUNED
 
-    experts = random_experts(shape, device, args.seed)
+    experts = random_experts(shape, torch.bfloat16, args.seed, device=device, pack=False)
     rng = np.random.default_rng(args.seed)
     best, scores = {}, []
     for kernel in TRITON_KERNELS:

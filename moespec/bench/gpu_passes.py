@@ -3,7 +3,9 @@
 The pass plan (chosen ids naming the fewest or the most distinct experts, windows of a routing
 trace), the bytes each kernel requests (seed 000 §1: per-slot n m w, deduplicating U w), and
 from raw times the effective bandwidths beta_p(n), the ratio r(n), the byte share u(n), the
-crossover and the figure. Used by gpu_expert_kernels.py.
+crossover and the figure. Used by benchmarks/gpu_expert_kernels.py. Ids, windows, bytes,
+quartiles and the crossover are the calibration's own (`moespec.calibrate.ids`,
+`moespec.calibrate.timing`, `moespec.costmodel.crossover`).
 """
 
 import statistics
@@ -11,29 +13,39 @@ from pathlib import Path
 
 import numpy as np
 
+from moespec.calibrate import ids as calibrate_ids
+from moespec.calibrate.ids import distinct_count, requested_bytes, window_starts
+from moespec.calibrate.timing import quartiles
+from moespec.costmodel import crossover as stays_positive_from
+
+__all__ = [
+    "CHOSEN",
+    "KERNELS",
+    "chosen_ids",
+    "crossover",
+    "distinct_count",
+    "finish",
+    "load_trace",
+    "plan_passes",
+    "plot",
+    "quartiles",
+    "requested_bytes",
+    "summarize",
+    "trace_windows",
+]
+
 KERNELS = ("slot", "dedup", "linear-loop", "grouped_mm", "transformers")
 CHOSEN = ("fewest", "most")
 TARGET_RATIO, TARGET_COPY_FRACTION = 0.9, 0.7  # the issue's targets, for n = 2..9
 
 
 def chosen_ids(kind: str, n: int, top_k: int, num_experts: int, rng) -> np.ndarray:
-    """Expert ids [n, m] naming the fewest (m) or the most (min(n m, N)) distinct experts."""
-    order = rng.permutation(num_experts)
-    if kind == "fewest":
-        return np.tile(order[:top_k], (n, 1))
-    if kind == "most":  # consecutive slots cycle through a permutation: a row never repeats
-        return order[np.arange(n * top_k) % num_experts].reshape(n, top_k)
-    raise ValueError(f"unknown id kind {kind!r}; choose one of {CHOSEN}")
-
-
-def distinct_count(ids: np.ndarray) -> int:
-    """U: the distinct experts a pass names."""
-    return len(np.unique(ids))
-
-
-def requested_bytes(kernel: str, n: int, top_k: int, distinct: int, expert_bytes: int) -> int:
-    """E_p(n): per-slot reads n m experts; every other kernel reads each distinct expert once."""
-    return (n * top_k if kernel == "slot" else distinct) * expert_bytes
+    """Expert ids [n, m] naming the fewest (m) or the most (min(n m, N)) distinct experts:
+    the two ends of the calibration's chosen ids (`calibrate.ids.chosen_ids`)."""
+    if kind not in CHOSEN:
+        raise ValueError(f"unknown id kind {kind!r}; choose one of {CHOSEN}")
+    distinct = top_k if kind == "fewest" else min(n * top_k, num_experts)
+    return calibrate_ids.chosen_ids(n, top_k, num_experts, distinct, rng)
 
 
 def load_trace(path: Path, shape) -> tuple[np.ndarray, np.ndarray]:
@@ -65,17 +77,16 @@ def load_trace(path: Path, shape) -> tuple[np.ndarray, np.ndarray]:
 
 
 def trace_windows(ids: np.ndarray, starts: np.ndarray, n: int, count: int, rng) -> list[dict]:
-    """`count` windows of n consecutive tokens of one layer, never across a document boundary:
-    [{"layer", "start", "ids" [n, m]}], drawn uniformly over (layer, start)."""
-    valid = np.concatenate(
-        [np.arange(a, b - n + 1) for a, b in zip(starts[:-1], starts[1:], strict=True)]
-    )
-    if not len(valid):
-        raise ValueError(f"no document of the trace has {n} tokens")
+    """Up to `count` windows of n consecutive tokens of one layer, never across a document
+    boundary: [{"layer", "start", "ids" [n, m]}], each on a layer drawn uniformly, its starts
+    drawn as the calibration draws its recorded windows (`calibrate.ids.window_starts`)."""
+    layers = rng.integers(ids.shape[1], size=count)
     windows = []
-    for _ in range(count):
-        start, layer = int(rng.choice(valid)), int(rng.integers(ids.shape[1]))
-        windows.append({"layer": layer, "start": start, "ids": ids[start : start + n, layer]})
+    for layer in sorted(set(layers.tolist())):
+        for start in window_starts(starts, n, int((layers == layer).sum()), rng):
+            windows.append(
+                {"layer": layer, "start": int(start), "ids": ids[start : start + n, layer]}
+            )
     return windows
 
 
@@ -93,21 +104,11 @@ def plan_passes(args, shape, rng, trace=None) -> list[dict]:
     return passes
 
 
-def quartiles(samples: list[float]) -> tuple[float, float, float]:
-    if len(samples) == 1:
-        return samples[0], samples[0], samples[0]
-    q1, q2, q3 = statistics.quantiles(samples, n=4, method="inclusive")
-    return q1, q2, q3
-
-
 def crossover(savings: dict[int, float]) -> int | None:
-    """The smallest pass size n >= 2 from which the deduplicating kernel stays faster."""
-    found = None
-    for n in sorted((n for n in savings if n >= 2), reverse=True):
-        if savings[n] <= 0:
-            break
-        found = n
-    return found
+    """The smallest pass size n >= 2 from which the deduplicating kernel stays faster: the
+    cost model's crossover over the passes of more than one token."""
+    passes = {n: s for n, s in savings.items() if n >= 2}
+    return stays_positive_from(passes) if passes else None
 
 
 def _point(records: list[dict], copy: float) -> dict:
@@ -229,3 +230,27 @@ def plot(summary: dict, copy_bandwidth: float, path: Path) -> None:
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
+
+
+def finish(results: dict, out: Path, figure: Path) -> int:
+    """Summarise, write the JSON and the figure, print the headline numbers; 0 when the run
+    completed, 130 when it was interrupted (the shapes measured so far are kept)."""
+    from moespec.files import atomic_path, write_json
+
+    results["summary"] = summarize(results) if results["timings"] else {}
+    write_json(out, results, force=True)
+    if results["summary"]:
+        with atomic_path(figure, force=True) as tmp:
+            plot(results["summary"], results["copy_bandwidth"]["bytes_per_s"], tmp)
+    for shape, kinds in results["summary"].items():
+        for ids, series in kinds.items():
+            ratios = " ".join(
+                f"{p.get('bandwidth_ratio', float('nan')):.2f}"
+                for _, p in sorted(series["points"].items())
+            )
+            print(
+                f"{shape:18} {ids:7} r(n) {ratios}  crossover {series.get('crossover')}  "
+                f"targets {series.get('targets_met')}"
+            )
+    print(f"wrote {out} and {figure}")
+    return 0 if results["complete"] else 130

@@ -1,5 +1,5 @@
-"""Shared by the benchmark scripts: random checkpoints of real shapes (machine and version
-facts: `moespec.provenance`)."""
+"""Random checkpoints of real shapes for the benchmark scripts, written by transformers, with
+the demo pair's text tokenizer (machine and version facts: `moespec.provenance`)."""
 
 from pathlib import Path
 

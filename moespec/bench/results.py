@@ -1,0 +1,214 @@
+"""The exact commands behind every file in benchmarks/results/, run from the repository root.
+
+Each `Result` names what it makes (paths under benchmarks/results/) and the shell commands
+that make them, in order; `benchmarks/regenerate` lists and runs them. A command's outputs
+are overwritten (--force): the point is to make them again. Minutes are about those of a
+2-core CPU.
+"""
+
+from dataclasses import dataclass
+
+RESULTS_DIR = "benchmarks/results"
+CHECKPOINTS = "benchmarks/checkpoints"  # random checkpoints of real shapes (not committed)
+OLMOE_4L = f"{CHECKPOINTS}/olmoe-4L"
+MAKE_OLMOE_4L = (
+    "python -c 'from pathlib import Path; from moespec.bench.checkpoints import "
+    f'random_checkpoint; random_checkpoint("olmoe", Path("{CHECKPOINTS}"))\''
+)
+BEFORE_TREE = f"{CHECKPOINTS}/before-1462ea1"  # main before the fixed-time work
+PLAN_FIGURES = ("bandwidth.png", "ratio.png", "saving.png", "staircase.png", "report.md")
+REPORT_FILES = ("report.md", "report.json", "table1.png", "table2.png", "figure5.png")
+
+
+@dataclass(frozen=True)
+class Result:
+    name: str
+    outputs: tuple[str, ...]  # relative to benchmarks/results/
+    commands: tuple[str, ...]
+    minutes: float  # about, on this project's 2-core machine
+
+
+def _plan(folder: str, options: str, minutes: float, figures: bool = False) -> Result:
+    outputs = ("plan.json", "bench.jsonl", *(PLAN_FIGURES if figures else ()))
+    return Result(
+        f"plan-{folder}",
+        tuple(f"plans/{folder}/{name}" for name in outputs),
+        (
+            " ".join(
+                ["moespec plan", *options.split(), f"--out {RESULTS_DIR}/plans/{folder} --force"]
+            ),
+        ),
+        minutes,
+    )
+
+
+def _scored(folder: str, model: str, dtype: str, crossover: int, before=()) -> Result:
+    """verify.json, sweep.json (+ .png) and score.json of a checkpoint's plan folder."""
+    out = f"{RESULTS_DIR}/plans/{folder}"
+    return Result(
+        f"score-{folder}",
+        tuple(
+            f"plans/{folder}/{n}" for n in ("verify.json", "sweep.json", "sweep.png", "score.json")
+        ),
+        (
+            *before,
+            f"moespec measure-verify --model {model} --dtype {dtype} --repeats 20 "
+            f"--out {out}/verify.json --force",
+            f"python benchmarks/speculative_sweep.py --model {model} --dtype {dtype} --tokens 64 "
+            f"--kernel auto --crossover {crossover} --out {out}/sweep.json --force",
+            f"python benchmarks/score_plan.py {out}/plan.json {out}/verify.json {out}/sweep.json "
+            f"--out {out}/score.json --force",
+        ),
+        10,
+    )
+
+
+RESULTS = [
+    Result(
+        "decode-olmoe",
+        ("decode_olmoe.json",),
+        (
+            "python benchmarks/decode_vs_transformers.py --shape olmoe --repeats 7 "
+            f"--experts grouped_mm,eager --out {RESULTS_DIR}/decode_olmoe.json --force",
+        ),
+        6,
+    ),
+    Result(
+        "decode-small",
+        ("decode_small.json",),
+        (
+            "python benchmarks/decode_vs_transformers.py --shape small --tokens 64 --repeats 7 "
+            f"--experts grouped_mm,eager --out {RESULTS_DIR}/decode_small.json --force",
+        ),
+        3,
+    ),
+    Result(
+        "assisted",
+        ("assisted_demo.json",),
+        (
+            "python benchmarks/assisted_vs_transformers.py --draft-length 4 "
+            f"--out {RESULTS_DIR}/assisted_demo.json --force",
+        ),
+        2,
+    ),
+    Result(
+        "batch-invariance",
+        ("batch_invariance_demo.json",),
+        (
+            "python benchmarks/batch_invariance.py "
+            f"--out {RESULTS_DIR}/batch_invariance_demo.json --force",
+        ),
+        6,
+    ),
+    Result(
+        "real-draft",
+        ("real_draft_demo.json", "real_draft_demo.png"),
+        (
+            f"python benchmarks/real_draft_eval.py --out {RESULTS_DIR}/real_draft_demo.json "
+            f"--plot {RESULTS_DIR}/real_draft_demo.png --force",
+        ),
+        13,
+    ),
+    Result(
+        "fixed-time",
+        ("fixed_time.json",),
+        (
+            f"test -d {BEFORE_TREE} || git worktree add --detach {BEFORE_TREE} 1462ea1",
+            f"python benchmarks/fixed_time.py --before {BEFORE_TREE} "
+            '--before-label "1462ea1 (main before the fixed-time work)" '
+            f"--out {RESULTS_DIR}/fixed_time.json --force",
+        ),
+        8,
+    ),
+    Result(
+        "serve",
+        ("serve_demo.json",),
+        (
+            "python benchmarks/serve_overhead.py --rounds 7 "
+            f"--out {RESULTS_DIR}/serve_demo.json --force",
+        ),
+        2,
+    ),
+    Result(
+        "offload-engine",
+        ("offload_demo.json",),
+        (
+            f"python benchmarks/offload_engine.py --out {RESULTS_DIR}/offload_demo.json "
+            "--tokens 128 --repeats 7 --kernel dedup --threads 1 --force",
+        ),
+        5,
+    ),
+    Result(
+        "calibration-gate",
+        ("offload_simulation/calibration_gate.json",),
+        (
+            "python benchmarks/calibration_gate.py "
+            f"--out {RESULTS_DIR}/offload_simulation/calibration_gate.json --force",
+        ),
+        3,
+    ),
+    Result(
+        "simulated-headline",
+        ("offload_simulation/headline.json",),
+        (
+            f"python benchmarks/simulate_offload.py --out {RESULTS_DIR}/offload_simulation "
+            "--tokens 1024 --no-report --ignore-gate --force",
+        ),
+        4,
+    ),
+    Result(
+        "simulated-report",
+        tuple(f"offload_simulation/report/{n}" for n in (*REPORT_FILES, "draft-length.png")),
+        (
+            "moespec simulate --synthetic qwen3-30b-a3b --reuse2 0.48 --profile rtx4090-pcie4 "
+            "--policy spac,lru,static,hybrid,spac-ar --acceptance 0.73 --tokens 256 "
+            f"--report {RESULTS_DIR}/offload_simulation/report --force",
+        ),
+        5,
+    ),
+    Result(
+        "estimator-readings",
+        ("estimator_readings.json",),
+        (
+            "python benchmarks/estimator_readings.py "
+            f"--out {RESULTS_DIR}/estimator_readings.json --force",
+        ),
+        2,
+    ),
+    _plan("demo-bf16", "", 1, figures=True),
+    _scored("demo-bf16", "moespec/demo/target", "bf16", 3),
+    Result(
+        "plan-olmoe4L-bf16",
+        tuple(f"plans/olmoe4L-bf16/{n}" for n in ("plan.json", "bench.jsonl", *PLAN_FIGURES)),
+        (
+            MAKE_OLMOE_4L,
+            f"moespec plan --model {OLMOE_4L} --out {RESULTS_DIR}/plans/olmoe4L-bf16 --force",
+        ),
+        4,
+    ),
+    _scored("olmoe4L-bf16", OLMOE_4L, "bf16", 2, before=(MAKE_OLMOE_4L,)),
+    Result(
+        "plan-olmoe4L-fp32",
+        tuple(f"plans/olmoe4L-fp32/{n}" for n in ("plan.json", "bench.jsonl", *PLAN_FIGURES)),
+        (
+            MAKE_OLMOE_4L,
+            f"moespec plan --model {OLMOE_4L} --dtype fp32 "
+            f"--out {RESULTS_DIR}/plans/olmoe4L-fp32 --force",
+        ),
+        6,
+    ),
+    _scored("olmoe4L-fp32", OLMOE_4L, "fp32", 2, before=(MAKE_OLMOE_4L,)),
+    _plan("olmoe-1b-7b-bf16", "--shape olmoe-1b-7b", 1),
+    _plan("olmoe-1b-7b-fp32", "--shape olmoe-1b-7b --dtype fp32", 1),
+    _plan("qwen3-30b-a3b-bf16", "--shape qwen3-30b-a3b", 1),
+    _plan("gpt-oss-20b-bf16", "--shape gpt-oss-20b", 1),
+    _plan("deepseek-v2-lite-bf16", "--shape deepseek-v2-lite", 1),
+]
+
+
+def by_name(name: str) -> Result:
+    for result in RESULTS:
+        if result.name == name:
+            return result
+    known = ", ".join(r.name for r in RESULTS)
+    raise ValueError(f"no result named {name!r} (known: {known})")

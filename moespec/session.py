@@ -1,0 +1,353 @@
+"""One generation as `moespec generate` runs it, composed from the library's parts.
+
+`generate_text(GenerateSettings(prompt=...))` loads the checkpoint (default: the embedded demo
+target, drafted by its demo draft), reads the plan (which builds the kernel policy and the
+draft policy), fits the prompt to the context, builds speculation and the offload engine, and
+decodes, streaming text through `on_text`; with `compare_plain` it also decodes plainly in
+paired rounds (`moespec.decoding.compare`). It returns a `GenerateResult`.
+"""
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from moespec.errors import SettingError, setting
+from moespec.plan import Plan
+
+
+@dataclass
+class GenerateSettings:
+    """The settings of one generation (those of `moespec generate`, by the same names)."""
+
+    prompt: str
+    model: str | None = None
+    max_tokens: int = 128
+    draft: str | None = None  # None: auto with the demo draft on the demo model, else none
+    draft_length: int | str = "auto"
+    max_draft_length: int = 8
+    compare_plain: bool = False
+    rounds: int = 3
+    kernel: str = "auto"
+    crossover: int | None = None
+    plan: str | None = None
+    dtype: str = "bf16"
+    batch_invariant: bool = True
+    truncate: str = "none"
+    stop_repeats: int = 8
+    temperature: float = 0.0
+    top_p: float = 1.0
+    seed: int = 0
+    threads: int | None = None
+    offload: str | None = None
+    expert_cache_ratio: float | None = None
+    expert_cache_bytes: int | None = None
+    offload_device: str = "auto"
+    offload_fit: str | None = None
+
+    def check(self) -> None:
+        """Settings that are wrong whatever the model: fail before it loads."""
+        from moespec.decoding import KernelPolicy
+
+        if self.draft_length != "auto" and (
+            not isinstance(self.draft_length, int) or self.draft_length < 0
+        ):
+            raise SettingError(
+                f"{setting('draft_length')} must be an integer >= 0 or 'auto', "
+                f"got {self.draft_length!r}"
+            )
+        KernelPolicy(self.kernel, self.crossover)
+        self.check_offload()
+
+    def check_offload(self) -> None:
+        budget = self.expert_cache_ratio is not None or self.expert_cache_bytes is not None
+        if self.offload is None:
+            if budget:
+                raise SettingError(
+                    f"{setting('expert_cache_ratio')}/{setting('expert_cache_bytes')} need "
+                    f"{setting('offload', 'POLICY')}"
+                )
+            return
+        from moespec.offload import make_policy
+
+        make_policy(self.offload)  # an unknown name fails here
+        if not budget:
+            self.expert_cache_ratio = 0.25
+        ratio, nbytes = self.expert_cache_ratio, self.expert_cache_bytes
+        if ratio is not None and not ratio > 0:
+            raise SettingError(f"{setting('expert_cache_ratio')} must be > 0, got {ratio}")
+        if nbytes is not None and nbytes < 0:
+            raise SettingError(f"{setting('expert_cache_bytes')} must be >= 0, got {nbytes}")
+
+
+@dataclass
+class GenerateResult:
+    """What a generation made: the shown run's records and totals, and notes on the run."""
+
+    model: str
+    draft: str | None
+    prompt: str
+    prompt_tokens: list[int]
+    given_prompt_tokens: int  # before truncation
+    tokens: list[int]
+    text: str
+    threads: dict
+    batch_invariant: bool
+    summary: dict  # `decoding.summarize` (+ offload, speedup and compare when measured)
+    records: list = field(default_factory=list)
+
+    @property
+    def speculative(self) -> bool:
+        return self.draft is not None
+
+    def to_dict(self) -> dict:
+        """The JSON object of `moespec generate --json`."""
+        return {
+            "model": self.model,
+            "draft": self.draft,
+            "prompt": self.prompt,
+            "prompt_tokens": self.prompt_tokens,
+            "tokens": self.tokens,
+            "text": self.text,
+            "threads": self.threads,
+            "batch_invariant": self.batch_invariant,
+            **self.summary,
+            "steps": [r.to_dict() for r in self.records],
+        }
+
+
+def generate_text(
+    settings: GenerateSettings,
+    *,
+    on_prompt: Callable[[str], None] | None = None,
+    on_text: Callable[[str], None] | None = None,
+    on_note: Callable[[str], None] | None = None,
+) -> GenerateResult:
+    """Decode as the settings say. on_prompt: called once with the prompt as decoded (its
+    kept part when truncated); on_text: each piece of the shown run's text as it streams;
+    on_note: a line about how the run goes (an offload budget that holds every expert)."""
+    import torch
+
+    from moespec.decoding import Sampler
+    from moespec.decoding.setup import draft_name
+    from moespec.demo import describe
+    from moespec.models import StreamingDetokenizer, load_model
+    from moespec.models.context import fit_context
+
+    settings.check()
+    if settings.threads is not None:
+        torch.set_num_threads(settings.threads)
+    Sampler(settings.temperature, settings.top_p, settings.seed)  # bad values fail here
+    torch.manual_seed(settings.seed)
+    model_dir, draft = model_and_draft(settings.model, settings.draft)
+    model, tokenizer = load_model(model_dir, dtype=settings.dtype, pack=settings.offload is None)
+    model.batch_invariant = settings.batch_invariant
+    kernels = Kernels.of(settings, model)
+    prompt = tokenizer.encode(settings.prompt)
+    if not prompt:
+        raise ValueError("the prompt encodes to no tokens")
+    given = len(prompt)
+    prompt = fit_context(
+        prompt, model.config, new_tokens=settings.max_tokens, truncate=settings.truncate
+    )
+    if on_prompt is not None:
+        on_prompt(settings.prompt if len(prompt) == given else tokenizer.decode(prompt))
+    make_speculation = speculation(settings, draft, model, tokenizer, prompt, kernels)
+    arms = Arms(settings, model, prompt, kernels, make_speculation, on_note)
+    stream = StreamingDetokenizer(tokenizer)
+
+    def show(record) -> None:
+        piece = stream.add(record.tokens)
+        if on_text is not None:
+            on_text(piece)
+
+    records, comparison = arms.run(show)
+    if on_text is not None:
+        on_text(stream.flush())
+    tokens = [t for r in records for t in r.tokens]
+    return GenerateResult(
+        model=describe(model_dir),
+        draft=draft_name(draft),
+        prompt=settings.prompt,
+        prompt_tokens=prompt,
+        given_prompt_tokens=given,
+        tokens=tokens,
+        text=tokenizer.decode(tokens),
+        threads=model.thread_plan(),
+        batch_invariant=model.batch_invariant,
+        summary=arms.summary(records, comparison),
+        records=records,
+    )
+
+
+def model_and_draft(model: str | None, draft: str | None) -> tuple[str, str | None]:
+    """The checkpoint and draft spec: the demo pair (drafted by `auto:` its demo draft)
+    without a model; "none" as no draft."""
+    if model is None:
+        from moespec.demo import demo_paths
+
+        model, demo_draft = map(str, demo_paths())
+        if draft is None:
+            draft = f"auto:{demo_draft}"
+    return model, None if draft == "none" else draft
+
+
+@dataclass
+class Kernels:
+    """A maker of a fresh kernel policy per generation: the plan's (at its crossover unless
+    one is set) when there is a plan, else the setting's kernel and crossover."""
+
+    kernel: str
+    crossover: int | None = None
+    plan: Plan | None = None
+
+    @classmethod
+    def of(cls, settings: GenerateSettings, model) -> "Kernels":
+        plan = None
+        if settings.plan is not None:
+            from moespec.plan import load_plan
+
+            plan = load_plan(settings.plan, model.config)
+        return cls(settings.kernel, settings.crossover, plan)
+
+    def __call__(self):
+        if self.plan is not None:
+            return self.plan.kernel_policy(self.kernel, self.crossover)
+        from moespec.decoding import KernelPolicy
+
+        return KernelPolicy(self.kernel, self.crossover)
+
+
+def speculation(settings, draft, model, tokenizer, prompt, kernels):
+    """A maker of fresh speculation state per generation (None without a draft)."""
+    from moespec.decoding import Sampler
+    from moespec.decoding.setup import greedy_reference, speculation_factory
+
+    if not draft:
+        return None
+    sampler = Sampler(settings.temperature, settings.top_p, settings.seed)
+    reference = None
+    if draft.startswith("oracle") and sampler.greedy:  # in memory, untimed
+        reference = greedy_reference(
+            model, prompt, settings.max_tokens, kernels(), model.config.eos_token_ids
+        )
+    return speculation_factory(
+        draft,
+        draft_length=settings.draft_length,
+        max_draft_length=settings.max_draft_length,
+        plan=kernels.plan,
+        target=model,
+        tokenizer=tokenizer,
+        sampler=sampler,
+        prompt=prompt,
+        max_tokens=settings.max_tokens,
+        dtype=settings.dtype,
+        reference=reference,
+        seed=settings.seed,
+    )
+
+
+class Arms:
+    """The speculative and the plain arm: each call of an arm is a fresh generation (sampler,
+    kernel policy, drafters, offload cache); offload summaries are kept per arm."""
+
+    def __init__(self, settings, model, prompt, kernels, make_speculation, on_note):
+        self.settings, self.model, self.prompt = settings, model, prompt
+        self.kernels, self.make_speculation = kernels, make_speculation
+        self.speculative = make_speculation is not None
+        self.offload_runs = {True: [], False: []}
+        self.in_memory = self._check_offload(on_note)
+
+    def _check_offload(self, on_note) -> bool:
+        s = self.settings
+        if s.offload is None:
+            return True
+        from moespec.offload.engine.open import cache_budget, checked_policy
+
+        checked_policy(s.offload, self.speculative)
+        budget, total = cache_budget(self.model, s.expert_cache_ratio, s.expert_cache_bytes)
+        if budget < total:
+            return False
+        if on_note is not None:
+            on_note(
+                f"note: the expert cache ({budget} bytes) holds all {total} bytes of experts: "
+                "running in memory"
+            )
+        return True
+
+    def _open_offload(self, speculative: bool):
+        if self.in_memory:
+            return None
+        from moespec.offload.engine.open import open_engine
+
+        s = self.settings
+        k = s.max_draft_length if s.draft_length == "auto" else s.draft_length
+        return open_engine(
+            self.model,
+            s.offload,
+            s.expert_cache_ratio,
+            k if speculative else 0,
+            budget_bytes=s.expert_cache_bytes,
+            device=s.offload_device,
+            fit_trace=s.offload_fit,
+        )
+
+    def arm(self, speculative: bool):
+        from moespec.decoding import Sampler, generate
+        from moespec.decoding.repetition import stop_repetition
+
+        s = self.settings
+
+        def decode(max_tokens: int):
+            offload = self._open_offload(speculative)
+            try:  # both arms stop alike at a loop (moespec.decoding.repetition)
+                records = generate(
+                    self.model,
+                    self.prompt,
+                    max_tokens=max_tokens,
+                    sampler=Sampler(s.temperature, s.top_p, s.seed),
+                    kernels=self.kernels(),
+                    drafter=self.make_speculation() if speculative else None,
+                    stop_tokens=self.model.config.eos_token_ids,
+                    offload=offload,
+                )
+                yield from stop_repetition(records, s.stop_repeats)
+            finally:
+                if offload is not None:
+                    self.offload_runs[speculative].append(offload.summary())
+                    offload.close()
+
+        return decode
+
+    def run(self, show) -> tuple[list, object]:
+        """(the shown run's records, the Comparison or None)."""
+        from moespec.decoding.compare import compare_plain
+
+        s = self.settings
+        if s.compare_plain:
+            comparison, records = compare_plain(
+                self.arm(self.speculative),
+                self.arm(False),
+                s.max_tokens,
+                rounds=s.rounds,
+                on_speculative=show,
+            )
+            return records, comparison
+        records = []
+        for record in self.arm(self.speculative)(s.max_tokens):
+            records.append(record)
+            show(record)
+        return records, None
+
+    def summary(self, records, comparison) -> dict:
+        from moespec.decoding import summarize
+
+        summary = summarize(records)
+        runs = self.offload_runs[self.speculative]
+        if runs:  # the shown run's: after the warm-up when comparing
+            summary["offload"] = runs[1 if comparison else 0]
+        if comparison is not None:
+            compared = comparison.to_dict()
+            summary["speedup"] = compared.pop("speedup")
+            summary["plain_tokens_per_second"] = compared["plain_tokens_per_second"]
+            summary["same_tokens_as_plain"] = compared["same_tokens_as_plain"]
+            summary["compare"] = compared
+        return summary
