@@ -21,7 +21,7 @@ from moespec.models.moe import ExpertExecutor, MoEBlock, RoutingSink
 @dataclass
 class Layer:
     input_norm: torch.Tensor
-    attention: Attention
+    attention: Attention  # or deepseek_v2.LatentAttention: the same call, cache and weights API
     post_attention_norm: torch.Tensor
     mlp: MoEBlock | DenseMLP
 
