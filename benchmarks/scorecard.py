@@ -15,16 +15,13 @@ import argparse
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import machine, random_checkpoint  # noqa: E402
-
-from moespec.calibrate.evaluate import EvaluationSettings, evaluate  # noqa: E402
-from moespec.calibrate.plan import load_plan, make_plan  # noqa: E402
-from moespec.cli.evaluate import scorecard  # noqa: E402
-from moespec.demo import demo_paths  # noqa: E402
-from moespec.files import check_writable, write_json  # noqa: E402
-from moespec.models import load_model  # noqa: E402
-from moespec.progress import Progress  # noqa: E402
+from moespec.bench.checkpoints import random_checkpoint
+from moespec.calibrate.evaluate import EvaluationSettings, evaluate, scorecard
+from moespec.calibrate.plan import load_plan, make_plan
+from moespec.demo import demo_paths
+from moespec.files import check_writable, write_json
+from moespec.models import load_model
+from moespec.progress import Progress
 
 CONFIGS = {  # name: (checkpoint, dtype)
     "demo-bf16": ("demo", "bf16"),
@@ -69,7 +66,7 @@ def main(argv=None) -> int:
     )
     with Progress(True) as progress:
         result = evaluate(plan, model, tokenizer, settings, progress)
-    result.update(benchmark="scorecard", config=args.config, machine=machine())
+    result.update(benchmark="scorecard", config=args.config)
     write_json(out, result, force=args.force)
     print(scorecard(result))
     return 0

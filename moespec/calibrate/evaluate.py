@@ -271,7 +271,10 @@ def evaluate(plan: Plan, model, tokenizer, settings: EvaluationSettings, progres
     floor = noise_floor(results["sweep"])
     streams = [p + r for p, r in zip(prompts, harness.references, strict=True)]
     plan_reuse = plan.routing.reuse_mean
+    from moespec.provenance import provenance
+
     return {
+        "provenance": provenance(settings=asdict(settings)),
         "settings": asdict(settings),
         "stream": {
             "prompts": len(prompts),
@@ -284,3 +287,27 @@ def evaluate(plan: Plan, model, tokenizer, settings: EvaluationSettings, progres
         "versions": scored,
         "noise_floor": {rule: {"holds": bool(h), "detail": d} for rule, (h, d) in floor.items()},
     }
+
+
+def scorecard(result: dict) -> str:
+    """The six rules per version, the noise floor beside the two it applies to."""
+    versions = list(result["versions"])
+    rules = list(result["versions"][versions[0]]["score"])
+    floor = result["noise_floor"]
+    width = max(len(r) for r in rules)
+    lines = [f"{'rule':<{width}}  " + "  ".join(f"{v:<22}" for v in versions) + "  noise floor"]
+    for rule in rules:
+        cells = []
+        for version in versions:
+            entry = result["versions"][version]["score"][rule]
+            cells.append(f"{'holds' if entry['holds'] else 'fails'} ({entry['detail']})")
+        noise = floor.get(rule)
+        tail = f"{'holds' if noise['holds'] else 'fails'} ({noise['detail']})" if noise else "-"
+        lines.append(f"{rule:<{width}}  " + "  ".join(f"{c:<22}" for c in cells) + f"  {tail}")
+    anchor = result["anchor"]
+    lines.append(
+        f"anchor tau(1) = {anchor['plain_time'] * 1e3:.3f} ms here, "
+        f"{anchor['plan_plain_time'] * 1e3:.3f} ms in the plan's run; decoded-span rho(2) "
+        f"{result['stream']['decoded_reuse2']:.3f}"
+    )
+    return "\n".join(lines)

@@ -45,7 +45,7 @@ def plan_model_dir(plan: dict, path: Path) -> Path:
 
 
 def run(args: argparse.Namespace) -> int:
-    from moespec.calibrate.evaluate import EvaluationSettings, evaluate
+    from moespec.calibrate.evaluate import EvaluationSettings, evaluate, scorecard
     from moespec.calibrate.plan import load_plan
     from moespec.files import check_writable, write_json
     from moespec.models import load_model
@@ -76,27 +76,3 @@ def run(args: argparse.Namespace) -> int:
         return 0
     print(scorecard(result))
     return 0
-
-
-def scorecard(result: dict) -> str:
-    """The six rules per version, the noise floor beside the two it applies to."""
-    versions = list(result["versions"])
-    rules = list(result["versions"][versions[0]]["score"])
-    floor = result["noise_floor"]
-    width = max(len(r) for r in rules)
-    lines = [f"{'rule':<{width}}  " + "  ".join(f"{v:<22}" for v in versions) + "  noise floor"]
-    for rule in rules:
-        cells = []
-        for version in versions:
-            entry = result["versions"][version]["score"][rule]
-            cells.append(f"{'holds' if entry['holds'] else 'fails'} ({entry['detail']})")
-        noise = floor.get(rule)
-        tail = f"{'holds' if noise['holds'] else 'fails'} ({noise['detail']})" if noise else "-"
-        lines.append(f"{rule:<{width}}  " + "  ".join(f"{c:<22}" for c in cells) + f"  {tail}")
-    anchor = result["anchor"]
-    lines.append(
-        f"anchor tau(1) = {anchor['plain_time'] * 1e3:.3f} ms here, "
-        f"{anchor['plan_plain_time'] * 1e3:.3f} ms in the plan's run; decoded-span rho(2) "
-        f"{result['stream']['decoded_reuse2']:.3f}"
-    )
-    return "\n".join(lines)
