@@ -72,16 +72,17 @@ class MoespecArm:
             pass
 
     def verify(self, tokens, args):
+        """{kernel: tau(1..max_n)} of both expert kernels (llama.cpp's is deduplicating)."""
         records = measure_verify(
             self.model,
             tokens,
             depth=args.depth,
             pass_sizes=range(1, args.max_n + 1),
-            kernels=(self.kernel,),
+            kernels=("slot", "dedup"),
             repeats=args.verify_repeats,
             warmup=1,
         )
-        return [r["median"] for r in records]
+        return {k: [r["median"] for r in records if r["kernel"] == k] for k in ("slot", "dedup")}
 
 
 class LlamaCppArm:
@@ -103,7 +104,7 @@ class LlamaCppArm:
             repeats=args.verify_repeats,
             warmup=1,
         )
-        return [r["median"] for r in records]
+        return {"llamacpp": [r["median"] for r in records]}
 
 
 class TransformersArm:
@@ -245,7 +246,7 @@ def build_arms(args, directory: Path) -> dict:
 
 def measure(args, arms, prompt, text, threads):
     """Warm-up, then interleaved rounds: {(arm, threads): [per-round seconds per token]} and
-    {(arm, threads): [per-round [tau(1..max_n)]]}."""
+    {(arm, kernel, threads): [per-round [tau(1..max_n)]]}."""
     for t in threads:
         for arm in arms.values():
             arm.threads(t)
@@ -262,11 +263,35 @@ def measure(args, arms, prompt, text, threads):
                 decode.setdefault((name, t), []).append(seconds)
                 line = f"round {round_ + 1} {name:15s} {t} thr: {1 / seconds:8.1f} tok/s"
                 if arm.verify is not None:
-                    taus = arm.verify(text, args)
-                    verify.setdefault((name, t), []).append(taus)
-                    line += " tau(n) ms " + " ".join(f"{x * 1e3:.2f}" for x in taus)
+                    for kernel, taus in arm.verify(text, args).items():
+                        verify.setdefault((name, kernel, t), []).append(taus)
+                        line += f"\n  tau(n) ms {kernel:8s} " + " ".join(
+                            f"{x * 1e3:.2f}" for x in taus
+                        )
                 print(line, flush=True)
     return decode, verify
+
+
+def verify_summary(verify, name, t) -> dict:
+    """Per kernel of the arm: median tau(n) over rounds (ms), every round, and the paired
+    ratio tau_other(n) / tau_moespec(n) of llama.cpp's kernel against each moespec kernel."""
+    out = {}
+    for (arm, kernel, threads), rounds in verify.items():
+        if (arm, threads) != (name, t):
+            continue
+        n_max = len(rounds[0])
+        entry = {
+            "median": [statistics.median(r[i] for r in rounds) * 1e3 for i in range(n_max)],
+            "by_round": [[x * 1e3 for x in r] for r in rounds],
+        }
+        for ours in ("slot", "dedup"):
+            if kernel == "llamacpp" and ("moespec", ours, t) in verify:
+                base = verify[("moespec", ours, t)]
+                entry[f"moespec_{ours}_speedup_paired_by_n"] = [
+                    paired([r[i] for r in base], [r[i] for r in rounds]) for i in range(n_max)
+                ]
+        out[kernel] = entry
+    return out
 
 
 def summarize(decode, verify, nbytes, bandwidth) -> dict:
@@ -288,18 +313,7 @@ def summarize(decode, verify, nbytes, bandwidth) -> dict:
         }
         if ("moespec", t) in decode:
             entry["moespec_speedup_paired"] = paired(decode[("moespec", t)], seconds)
-        if (name, t) in verify:
-            rounds = verify[(name, t)]
-            entry["verify_ms_by_n"] = [
-                statistics.median(r[i] for r in rounds) * 1e3 for i in range(len(rounds[0]))
-            ]
-            entry["verify_ms_by_round"] = [[x * 1e3 for x in r] for r in rounds]
-            if ("moespec", t) in verify:
-                ours = verify[("moespec", t)]
-                entry["moespec_verify_speedup_paired_by_n"] = [
-                    paired([r[i] for r in ours], [r[i] for r in rounds])
-                    for i in range(len(rounds[0]))
-                ]
+        entry["verify_ms_by_n"] = verify_summary(verify, name, t)
         results[f"{name}/{t}"] = entry
     return results
 
