@@ -64,6 +64,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--flush-mib", type=non_negative_int, default=256, help="cache flush buffer (MiB)"
     )
     parser.add_argument("--verify-repeats", type=positive_int, default=10)
+    parser.add_argument("--force", action="store_true", help="overwrite an existing plan")
+    parser.add_argument("--json", action="store_true", help="print the plan as JSON")
     parser.add_argument(
         "--engine",
         choices=("moespec", "llamacpp"),
@@ -80,8 +82,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         type=number_in(0, 1, high_open=True),
         help="llamacpp: the acceptance to decide the flags for (default: the draft's, measured)",
     )
-    parser.add_argument("--force", action="store_true", help="overwrite an existing plan")
-    parser.add_argument("--json", action="store_true", help="print the plan as JSON")
 
 
 def run(args: argparse.Namespace) -> int:
