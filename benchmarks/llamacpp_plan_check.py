@@ -101,6 +101,7 @@ def check_one(path: Path, directory: Path, args) -> dict:
         depth=args.depth,
         max_n=args.max_n,
         verify_repeats=args.verify_repeats,
+        trace_documents=args.trace_documents,
         force=True,
     )
     engine = llamacpp.LlamaCpp(path, threads=args.threads)
@@ -144,6 +145,7 @@ def main(argv=None) -> int:
     parser.add_argument("--max-n", type=int, default=9)
     parser.add_argument("--verify-repeats", type=int, default=10)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--trace-documents", type=int, default=24, help="files traced for U(n)")
     parser.add_argument("--cache-dir", type=Path, default=Path("benchmarks/checkpoints"))
     parser.add_argument("--work", type=Path, default=Path("benchmarks/results/tmp"))
     parser.add_argument("--out", type=Path, required=True)

@@ -118,8 +118,11 @@ def _field(reader, key: str):
     return bytes(value).decode() if field.types[0].name == "STRING" else int(value[0])
 
 
-def routing_union(experts: dict, max_n: int, model_dir=None, trace_path=None) -> tuple:
-    """(U [L, max_n], source): from moespec's trace of model_dir, a trace file, or uniform."""
+def routing_union(
+    experts: dict, max_n: int, model_dir=None, trace_path=None, documents: int = 24
+) -> tuple:
+    """(U [L, max_n], source): from moespec's trace of model_dir (on `documents` files of
+    the embedded corpus), a trace file, or uniform routing."""
     from moespec.routing.reuse import document_statistics, estimate
 
     if trace_path is not None:
@@ -132,8 +135,8 @@ def routing_union(experts: dict, max_n: int, model_dir=None, trace_path=None) ->
         from moespec.routing.record import record_trace
 
         model, tokenizer = load_model(model_dir, dtype="bf16")
-        trace = record_trace(model, tokenizer, stdlib_documents(), truncate="right")
-        source = f"moespec's trace of {model_dir} on the embedded corpus"
+        trace = record_trace(model, tokenizer, stdlib_documents(documents), truncate="right")
+        source = f"moespec's trace of {model_dir} on {documents} files of the embedded corpus"
         del model
     else:
         n, m = experts["num_experts"], experts["top_k"]
@@ -206,6 +209,7 @@ def llamacpp_plan(
     max_n: int = 9,
     verify_repeats: int = 10,
     acceptance: float | None = None,
+    trace_documents: int = 24,
     force: bool = False,
 ) -> dict:
     """Measure llama.cpp, fit, predict and write out_dir/plan.json (`engine: llamacpp`).
@@ -216,7 +220,7 @@ def llamacpp_plan(
     if plan_path.exists() and not force:
         raise FileExistsError(f"{plan_path} already exists (pass --force to overwrite it)")
     experts = gguf_experts(gguf)
-    union, source = routing_union(experts, max_n, model_dir, trace_path)
+    union, source = routing_union(experts, max_n, model_dir, trace_path, trace_documents)
     expert_bytes = (np.asarray(experts["expert_bytes"])[:, None] * union).sum(axis=0)
     target = llamacpp.LlamaCpp(gguf, threads=threads)
     if tokens is None:
