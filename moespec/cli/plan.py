@@ -13,6 +13,12 @@ times.
 
 With --shape NAME: one full-size layer of random weights of that model's expert shapes, on a
 synthetic trace fitted to its published reuse.
+
+With --engine llamacpp --gguf TARGET.gguf [--draft-gguf DRAFT.gguf]: a plan for llama.cpp
+from its own timings (moespec.calibrate.llamacpp_plan): its verify time per pass size on a
+cache of fixed depth, the draft's cost h(k) and acceptance, a fit by the cost model (U(n)
+from moespec's trace of --model, from --trace, or uniform routing), k*(a) over the
+acceptance grid, and the llama.cpp flags for the measured (or --acceptance) acceptance.
 """
 
 import argparse
@@ -24,6 +30,7 @@ from moespec.cli.options import (
     checkpoint_dir,
     existing_file,
     non_negative_int,
+    number_in,
     positive_int,
 )
 
@@ -64,10 +71,29 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--force", action="store_true", help="overwrite an existing plan")
     parser.add_argument("--json", action="store_true", help="print the plan as JSON")
+    parser.add_argument(
+        "--engine",
+        choices=("moespec", "llamacpp"),
+        default="moespec",
+        help="the engine to plan for (llamacpp: pip install -e '.[llamacpp]')",
+    )
+    parser.add_argument("--gguf", metavar="FILE", type=existing_file, help="llamacpp: target")
+    parser.add_argument(
+        "--draft-gguf", metavar="FILE", type=existing_file, help="llamacpp: draft model"
+    )
+    parser.add_argument("--threads", type=positive_int, default=1, help="llamacpp: threads")
+    parser.add_argument(
+        "--acceptance",
+        type=number_in(0, 1, high_open=True),
+        help="llamacpp: the acceptance to decide the flags for (default: the draft's, measured)",
+    )
 
 
 def run(args: argparse.Namespace) -> int:
     from pathlib import Path
+
+    if args.engine == "llamacpp":
+        return run_llamacpp(args)
 
     kernels = tuple(k.strip() for k in args.kernels.split(","))
     if "slot" not in kernels or len(kernels) != 2:
@@ -140,4 +166,61 @@ def summary(plan, out) -> str:
         lines.append("V(k) ms: " + " ".join(f"{v * 1e3:.2f}" for v in plan.step_times))
         stair = plan.predictions["calibrated"].staircase.by_acceptance
         lines.append("k*(a): " + " ".join(f"{a}:{e.best_draft_length}" for a, e in stair.items()))
+    return "\n".join(lines)
+
+
+def run_llamacpp(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from moespec.calibrate.llamacpp_plan import llamacpp_plan
+
+    if not args.gguf:
+        raise ValueError("--engine llamacpp needs --gguf TARGET.gguf")
+    plan = llamacpp_plan(
+        Path(args.out),
+        gguf=Path(args.gguf),
+        draft_gguf=Path(args.draft_gguf) if args.draft_gguf else None,
+        model_dir=Path(args.model) if args.model else None,
+        trace_path=Path(args.trace) if args.trace else None,
+        threads=args.threads,
+        max_n=args.max_n,
+        verify_repeats=args.verify_repeats,
+        acceptance=args.acceptance,
+        force=args.force,
+    )
+    if args.json:
+        print(json.dumps(plan))
+        return 0
+    print(llamacpp_summary(plan, args.out))
+    return 0
+
+
+def llamacpp_summary(plan: dict, out) -> str:
+    stair = plan["staircase"]
+    lines = [
+        f"wrote {out}/plan.json in {plan['seconds']:.0f} s (engine llamacpp, "
+        f"{plan['threads']} threads; routing: {plan['routing']['source']})",
+        "tau(n) ms measured:  "
+        + " ".join(f"{t * 1e3:.2f}" for t in plan["measured_verify"]["llamacpp"]),
+        "tau(n) ms predicted: " + " ".join(f"{t * 1e3:.2f}" for t in plan["verify_time"]),
+        f"bandwidth error epsilon = {plan['bandwidth_error']:.3f}",
+        "V(k) ms: " + " ".join(f"{v * 1e3:.2f}" for v in plan["step_times"]),
+        f"first-draft threshold a0 = {stair['first_draft_threshold']:.3f}",
+        f"{'a':>6} {'k*':>3} {'speedup':>8}",
+    ]
+    for a, entry in stair["by_acceptance"].items():
+        sure = "" if entry["certain"] else "  (epsilon can move it)"
+        lines.append(f"{a:>6} {entry['best_draft_length']:>3} {entry['speedup']:>8.3f}{sure}")
+    decision = plan["decision"]
+    if decision is None:
+        lines.append("llama.cpp flags: give --draft-gguf or --acceptance for a decision")
+    elif not decision["speculate"]:
+        lines.append(
+            f"llama.cpp flags at a = {decision['acceptance']:.3f}: none - do not speculate "
+            "(plain decoding is fastest)"
+        )
+    else:
+        lines.append(
+            f"llama.cpp flags at a = {decision['acceptance']:.3f}: " + " ".join(decision["args"])
+        )
     return "\n".join(lines)

@@ -1,0 +1,182 @@
+"""Check a llama.cpp plan against llama.cpp speculating: is k̂* within one of the measured best?
+
+    python benchmarks/llamacpp_plan_check.py --shape olmoe --types bf16,q8_0 \\
+        --out benchmarks/results/llamacpp_plan_check.json
+
+For each GGUF of the checkpoint (written by moespec's exporter), at --threads threads:
+
+1. the plan (moespec.calibrate.llamacpp_plan): llama.cpp's τ(n) on a cache of --depth tokens,
+   the fit with U(n) from moespec's trace of the same checkpoint, V̂(k) = τ̂(k + 1) (the oracle
+   drafts for free, h = 0), k̂*(a) on the 11 acceptances;
+2. the sweep: llama.cpp verifying oracle drafts, k = 0..8 at each acceptance a. A step drafts
+   the next k tokens of the target's own greedy continuation (computed once by llama.cpp), runs
+   one pass of k + 1 tokens with every row's logits and their argmax, keeps the accepted
+   drafts and removes the rest from the KV cache. Which drafts are accepted is the oracle's
+   (seed 000 [1]): each drafted position is the target's token with probability a, else a
+   wrong one, so the accepted count is geometric; the first wrong position and those after it
+   carry another token, so the pass routes as a rejected draft would. Tokens/s = emitted
+   tokens / time after the prefill; cells (a, k) run in --rounds interleaved rounds (the order
+   reversed on odd rounds), the median per cell;
+3. seed 000's rules (moespec.calibrate.score): k̂* within one of the measured best at >= 9 of
+   11 acceptances, throughput lost by following the plan <= 6%, and verify time within 15%
+   at n >= 2 against the sweep's own passes (a measurement the plan never saw).
+
+The machine may be shared: the load average is recorded beside the results.
+"""
+
+import argparse
+import os
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+from common import SHAPES, machine, random_checkpoint  # noqa: E402
+from decode_vs_llamacpp import PROMPT, cpu_flags, gguf_files  # noqa: E402
+
+from moespec.calibrate import llamacpp  # noqa: E402
+from moespec.calibrate.llamacpp_plan import ACCEPTANCE_GRID, llamacpp_plan  # noqa: E402
+from moespec.calibrate.score import rule_best_draft_length, rule_verify_time  # noqa: E402
+from moespec.files import check_writable, write_json  # noqa: E402
+from moespec.models import Tokenizer  # noqa: E402
+
+
+def oracle_run(engine, prompt, reference, acceptance, k, tokens, rng, passes) -> float:
+    """Seconds per emitted token of speculative decoding with oracle drafts of length k;
+    every pass's time goes into passes[n]."""
+    engine.prefill(prompt)  # its last logits give reference[0], the current token
+    emitted, position = 1, 0  # reference[position] is the current token, not yet cached
+    start = time.perf_counter()
+    while emitted < tokens:
+        draft = list(reference[position + 1 : position + 1 + k])
+        accepted = 0
+        while accepted < len(draft) and rng.random() < acceptance:
+            accepted += 1
+        for i in range(accepted, len(draft)):  # a wrong token from the first rejected one
+            draft[i] = (draft[i] + 1) % engine.vocab_size
+        length = engine.length
+        begin = time.perf_counter()
+        predicted = engine.forward([reference[position], *draft]).argmax(axis=1)
+        passes.setdefault(k + 1, []).append(time.perf_counter() - begin)
+        del predicted  # greedy verification's argmax; the oracle decided the acceptance
+        engine.rollback(length + 1 + accepted)
+        emitted += accepted + 1
+        position += accepted + 1
+    return (time.perf_counter() - start) / (emitted - 1)
+
+
+def sweep(engine, prompt, reference, args, rng):
+    cells = [(a, k) for a in ACCEPTANCE_GRID for k in range(args.max_n)]
+    seconds: dict = {}
+    passes: dict = {}
+    for round_ in range(args.rounds):
+        for a, k in cells if round_ % 2 == 0 else reversed(cells):
+            value = oracle_run(engine, prompt, reference, a, k, args.tokens, rng, passes)
+            seconds.setdefault((a, k), []).append(value)
+        print(f"  sweep round {round_ + 1} done", flush=True)
+    by_acceptance = {
+        str(a): {
+            "tokens_per_second": {
+                str(k): 1 / statistics.median(seconds[(a, k)]) for k in range(args.max_n)
+            },
+            "rounds_seconds_per_token": {str(k): seconds[(a, k)] for k in range(args.max_n)},
+        }
+        for a in ACCEPTANCE_GRID
+    }
+    verify = [statistics.median(passes[n]) for n in range(1, args.max_n + 1)]
+    return {"by_acceptance": by_acceptance, "verify_median": verify}
+
+
+def check_one(path: Path, directory: Path, args) -> dict:
+    print(f"{path.name}: plan", flush=True)
+    plan = llamacpp_plan(
+        args.work / path.stem,
+        gguf=path,
+        model_dir=directory,
+        threads=args.threads,
+        depth=args.depth,
+        max_n=args.max_n,
+        verify_repeats=args.verify_repeats,
+        trace_documents=args.trace_documents,
+        force=True,
+    )
+    engine = llamacpp.LlamaCpp(path, threads=args.threads)
+    prompt = Tokenizer(directory / "tokenizer.json").encode(PROMPT)
+    reference = engine.greedy(prompt, args.tokens + args.max_n + 1)
+    print(f"{path.name}: sweep", flush=True)
+    measured = sweep(engine, prompt, reference, args, np.random.default_rng(args.seed))
+    k_rule, loss_rule = rule_best_draft_length(plan["step_times"], measured["by_acceptance"])
+    verify_rule = rule_verify_time(
+        {"llamacpp": plan["verify_time"]}, {"llamacpp": measured["verify_median"]}
+    )
+    rows = {}
+    for a, row in measured["by_acceptance"].items():
+        rates = {int(k): v for k, v in row["tokens_per_second"].items()}
+        best = max(rates, key=lambda k: (rates[k], -k))
+        k_hat = plan["staircase"]["by_acceptance"][a]["best_draft_length"]
+        rows[a] = {"k_hat": k_hat, "k_best": best, "loss": 1 - rates[k_hat] / rates[best]}
+    return {
+        "gguf": str(path),
+        "plan": {k: plan[k] for k in ("verify_time", "measured_verify", "fit", "step_times")}
+        | {"bandwidth_error": plan["bandwidth_error"], "staircase": plan["staircase"]},
+        "sweep": measured,
+        "by_acceptance": rows,
+        "rules": {
+            "k* within one at >= 9 of 11": k_rule,
+            "throughput lost <= 6%": loss_rule,
+            "verify time within 15% (n >= 2)": verify_rule,
+        },
+    }
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--shape", choices=sorted(SHAPES), default="olmoe")
+    parser.add_argument("--model", type=Path, help="a checkpoint directory instead of --shape")
+    parser.add_argument("--types", default="bf16,q8_0")
+    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--tokens", type=int, default=32)
+    parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--depth", type=int, default=32, help="cache depth of the plan's passes")
+    parser.add_argument("--max-n", type=int, default=9)
+    parser.add_argument("--verify-repeats", type=int, default=10)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--trace-documents", type=int, default=24, help="files traced for U(n)")
+    parser.add_argument("--cache-dir", type=Path, default=Path("benchmarks/checkpoints"))
+    parser.add_argument("--work", type=Path, default=Path("benchmarks/results/tmp"))
+    parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--force", action="store_true")
+    args = parser.parse_args(argv)
+    check_writable(args.out, force=args.force)
+    args.work.mkdir(parents=True, exist_ok=True)
+    args.cache_dir.mkdir(parents=True, exist_ok=True)
+    directory = args.model or random_checkpoint(args.shape, args.cache_dir)
+    files = gguf_files(directory, args.cache_dir)
+    load = {"start": os.getloadavg()}
+    results = {t: check_one(files[t], directory, args) for t in args.types.split(",")}
+    load["end"] = os.getloadavg()
+    report = {
+        "benchmark": "llamacpp_plan_check",
+        "machine": {**machine(), "cpu_flags": cpu_flags(), **llamacpp.versions()},
+        "settings": {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()}
+        | {"checkpoint": str(directory), "acceptances": list(ACCEPTANCE_GRID)},
+        "load_average_1_5_15_min": load,
+        "results": results,
+    }
+    write_json(args.out, report, force=args.force)
+    for kind, r in results.items():
+        print(
+            kind,
+            {rule: f"{'holds' if ok else 'fails'} ({d})" for rule, (ok, d) in r["rules"].items()},
+        )
+        for a, row in r["by_acceptance"].items():
+            print(f"  a={a:>5} k_hat={row['k_hat']} best={row['k_best']} loss={row['loss']:.1%}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

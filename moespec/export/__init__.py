@@ -1,0 +1,1 @@
+"""Exports of checkpoints moespec reads into other engines' formats (GGUF for llama.cpp)."""

@@ -1,0 +1,85 @@
+"""Plans for llama.cpp: the verify-time fit recovers the cost model's coefficients, and the
+plan measures llama.cpp, predicts k*(a) and says it in llama.cpp's flags."""
+
+import json
+
+import numpy as np
+import pytest
+
+from moespec.calibrate.llamacpp_plan import (
+    ACCEPTANCE_GRID,
+    VerifyFit,
+    leave_one_out_error,
+    llamacpp_flags,
+    staircase,
+)
+from moespec.costmodel import best_draft_length, uniform_union
+
+N = list(range(1, 10))
+BYTES = [64 * 1e6 * uniform_union(64, 8, n) for n in N]  # a deduplicating pass's expert bytes
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_the_fit_recovers_fixed_time_per_token_cost_and_bandwidth(seed):
+    rng = np.random.default_rng(seed)
+    fixed, per_token, bandwidth = (
+        rng.uniform(1e-3, 5e-3),
+        rng.uniform(0, 1e-3),
+        rng.uniform(5e9, 5e10),
+    )
+    seconds = [fixed + per_token * n + b / bandwidth for n, b in zip(N, BYTES, strict=True)]
+    fit = VerifyFit().fit(N, BYTES, seconds)
+    assert fit.fixed_ == pytest.approx(fixed, rel=1e-6)
+    assert fit.per_token_ == pytest.approx(per_token, rel=1e-5, abs=1e-12)
+    assert 1 / fit.seconds_per_byte_ == pytest.approx(bandwidth, rel=1e-6)
+    assert leave_one_out_error(N, BYTES, seconds) == pytest.approx(0, abs=1e-9)
+
+
+def test_a_term_the_data_would_make_negative_is_left_out():
+    seconds = [10e-3 - 1e-4 * n for n in N]  # time falling with n: no cost can be negative
+    fit = VerifyFit().fit(N, BYTES, seconds)
+    assert fit.per_token_ >= 0 and fit.seconds_per_byte_ >= 0 and fit.fixed_ > 0
+
+
+def test_the_flags_draft_exactly_k_tokens_or_none():
+    assert llamacpp_flags(0, "d.gguf") == {"speculate": False, "draft_length": 0, "args": []}
+    flags = llamacpp_flags(3, "d.gguf")
+    args = flags["args"]
+    assert flags["speculate"] and args[args.index("--spec-draft-n-max") + 1] == "3"
+    assert args[args.index("--spec-draft-n-min") + 1] == "3"
+    assert args[args.index("--spec-draft-p-min") + 1] == "0"
+
+
+def test_the_staircase_holds_k_star_at_every_acceptance_of_the_grid():
+    steps = [10.0, 11.0, 12.5, 14.5, 17.0, 20.0, 23.5, 27.5, 32.0]
+    table = staircase(steps, epsilon=0.02)
+    assert list(table["by_acceptance"]) == [str(a) for a in ACCEPTANCE_GRID]
+    for a in ACCEPTANCE_GRID:
+        assert table["by_acceptance"][str(a)]["best_draft_length"] == best_draft_length(steps, a)
+    assert table["first_draft_threshold"] == pytest.approx(0.1)
+
+
+def test_the_plan_measures_llamacpp_and_prints_its_flags(tmp_path, capsys):
+    pytest.importorskip("gguf", reason="the gguf package is absent")
+    pytest.importorskip("llama_cpp", reason="llama-cpp-python is not installed")
+    from moespec.cli import main
+    from moespec.demo import demo_paths
+    from moespec.export.gguf import export_gguf
+
+    target, draft = demo_paths()
+    export_gguf(target, tmp_path / "t.gguf", weight_type="bf16")
+    export_gguf(draft, tmp_path / "d.gguf", weight_type="bf16")
+    argv = ["plan", "--engine", "llamacpp", "--gguf", str(tmp_path / "t.gguf")]
+    argv += ["--draft-gguf", str(tmp_path / "d.gguf"), "--model", str(target)]
+    argv += ["--out", str(tmp_path / "plan"), "--verify-repeats", "2", "--max-n", "4"]
+    assert main(argv) == 0
+    printed = capsys.readouterr().out
+    plan = json.loads((tmp_path / "plan" / "plan.json").read_text())
+    assert plan["engine"] == "llamacpp" and len(plan["verify_time"]) == 4
+    assert plan["routing"]["source"].startswith("moespec's trace")
+    assert 0 <= plan["measured_acceptance"] <= 1 and plan["draft_time"][0] == 0
+    k = best_draft_length(plan["step_times"], plan["measured_acceptance"])
+    assert plan["decision"]["draft_length"] == k
+    assert ("--spec-draft-n-max" in printed) == (k > 0)
+    assert "0.98" in printed  # the k*(a) table
+    assert main(argv) == 2  # an existing plan is kept without --force
