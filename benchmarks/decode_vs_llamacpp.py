@@ -5,7 +5,7 @@
     python benchmarks/decode_vs_llamacpp.py --demo target --tokens 128 \\
         --out benchmarks/results/llamacpp_demo_target.json
 
-One checkpoint (a random-weight one of real expert shapes written by benchmarks/common.py, a
+One checkpoint (a random-weight one of real expert shapes written by moespec.bench.checkpoints, a
 demo model, or --model DIR), run by four engines in one process:
 
 - "moespec": this tree, `--weights` (bf16 or fp32; a new weight format adds an entry to
@@ -42,15 +42,16 @@ import torch
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
-from common import SHAPES, machine, random_checkpoint  # noqa: E402
 from fixed_time import read_bandwidths  # noqa: E402
 
+from moespec.bench.checkpoints import SHAPES, random_checkpoint  # noqa: E402
 from moespec.calibrate import llamacpp  # noqa: E402
 from moespec.calibrate.plan import verify_documents  # noqa: E402
 from moespec.calibrate.verify import measure_verify  # noqa: E402
 from moespec.decoding import KernelPolicy, generate  # noqa: E402
 from moespec.files import check_writable, write_json  # noqa: E402
 from moespec.models import load_config, load_model  # noqa: E402
+from moespec.provenance import machine  # noqa: E402
 
 PROMPT = "def fibonacci(n):"
 MOESPEC_WEIGHTS = {"bf16": {"dtype": "bf16"}, "fp32": {"dtype": "fp32"}}

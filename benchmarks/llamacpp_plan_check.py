@@ -35,14 +35,15 @@ import numpy as np
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
-from common import SHAPES, machine, random_checkpoint  # noqa: E402
 from decode_vs_llamacpp import PROMPT, cpu_flags, gguf_files  # noqa: E402
 
+from moespec.bench.checkpoints import SHAPES, random_checkpoint  # noqa: E402
 from moespec.calibrate import llamacpp  # noqa: E402
 from moespec.calibrate.llamacpp_plan import ACCEPTANCE_GRID, llamacpp_plan  # noqa: E402
 from moespec.calibrate.score import rule_best_draft_length, rule_verify_time  # noqa: E402
 from moespec.files import check_writable, write_json  # noqa: E402
 from moespec.models import Tokenizer  # noqa: E402
+from moespec.provenance import machine  # noqa: E402
 
 
 def oracle_run(engine, prompt, reference, acceptance, k, tokens, rng, passes) -> float:

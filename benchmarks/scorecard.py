@@ -1,8 +1,8 @@
 """The seed-000 scorecard for one configuration: plan, then the one-process evaluation.
 
-    python benchmarks/scorecard.py demo-bf16 --out benchmarks/results/plans/demo-bf16
-    python benchmarks/scorecard.py olmoe4L-bf16 --out benchmarks/results/plans/olmoe4L-bf16
-    python benchmarks/plan_table.py benchmarks/results/plans/*/
+    python benchmarks/scorecard.py demo-bf16 --out benchmarks/results/scorecard/demo-bf16
+    python benchmarks/scorecard.py olmoe4L-bf16 --out benchmarks/results/scorecard/olmoe4L-bf16
+    python benchmarks/plan_table.py benchmarks/results/scorecard/*/
 
 Makes the plan (`moespec plan`: benchmark, fits per layer, chain; resumed from bench.jsonl if
 interrupted) unless OUT/plan.json exists, then runs `moespec evaluate` on it in this process:
@@ -51,9 +51,12 @@ def main(argv=None) -> int:
     kind, dtype = CONFIGS[args.config]
     model_dir = checkpoint(kind, args.cache_dir)
     out = args.out / "evaluation.json"
+    args.out.mkdir(parents=True, exist_ok=True)
     check_writable(out, force=args.force)
     if not (args.out / "plan.json").exists():
-        make_plan(args.out, model_dir=model_dir, dtype=dtype)
+        from moespec.report.plan import write_report
+
+        write_report(make_plan(args.out, model_dir=model_dir, dtype=dtype), args.out)
     plan = load_plan(args.out / "plan.json")
     model, tokenizer = load_model(model_dir, dtype=dtype)
     load_plan(args.out / "plan.json", model.config)
