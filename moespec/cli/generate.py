@@ -110,6 +110,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "speculation equals plain greedy decoding in bf16 too (default: on)",
     )
     parser.add_argument(
+        "--compile",
+        default="off",
+        choices=["auto", "on", "off"],
+        help="one-token decode steps compiled by torch.compile (a C++ compiler needed; a "
+        "failure decodes eagerly with a note): auto for small models, on for any; the "
+        "draft's always, the target's only with --batch-invariant off (default: off, as "
+        "compiling takes tens of seconds)",
+    )
+    parser.add_argument(
         "--truncate",
         default="none",
         choices=["none", "left"],
@@ -194,6 +203,7 @@ def run(args: argparse.Namespace) -> int:
     from moespec.decoding.setup import draft_name, greedy_reference, speculation_factory
     from moespec.demo import describe
     from moespec.models import StreamingDetokenizer, load_model
+    from moespec.models.compiled import capture, compile_report
     from moespec.models.context import fit_context
 
     draft_length = parse_draft_length(args.draft_length)
@@ -213,6 +223,7 @@ def run(args: argparse.Namespace) -> int:
         args.draft = None
     model, tokenizer = load_model(args.model, dtype=args.dtype, pack=args.offload is None)
     model.batch_invariant = args.batch_invariant == "on"
+    capture(model, args.compile)
     plan = None
     if args.plan:
         from moespec.plan import load_plan
@@ -247,6 +258,7 @@ def run(args: argparse.Namespace) -> int:
             dtype=args.dtype,
             reference=reference,
             seed=args.seed,
+            compile=args.compile,
         )
     notes = {"offload": True}
     offload_runs = {True: [], False: []}  # each generation's offload summary, by arm
@@ -318,6 +330,13 @@ def run(args: argparse.Namespace) -> int:
                     "text": tokenizer.decode(tokens),
                     "threads": model.thread_plan(),
                     "batch_invariant": model.batch_invariant,
+                    "compile": {
+                        "target": compile_report(model),
+                        **{
+                            f"draft/{name}": compile_report(draft)
+                            for name, draft in getattr(make_speculation, "models", {}).items()
+                        },
+                    },
                     **summary,
                     "steps": [r.to_dict() for r in records],
                 }
@@ -326,6 +345,10 @@ def run(args: argparse.Namespace) -> int:
     else:
         print(stream.flush())
         print(format_summary(summary, len(tokens), len(prompt), speculative), file=sys.stderr)
+        for draft in [model, *getattr(make_speculation, "models", {}).values()]:
+            note = compile_report(draft)["note"]
+            if args.compile != "off" and note:
+                print(f"note: {draft.config.name}: {note}", file=sys.stderr)
         print(format_notes(summary, len(prompt), given, args.stop_repeats), file=sys.stderr, end="")
         if summary.get("offload"):
             print(format_offload(summary["offload"]), file=sys.stderr)
