@@ -4,8 +4,10 @@ A small model's decode step is nearly all fixed time: some 300 library calls, ea
 microseconds of Python and dispatch, for well under a millisecond of bytes. Compiled, the
 step is one call into generated C++: elementwise work fused, no per-operation dispatch.
 
-The graph is shape-generic in the position and the cache's capacity (`dynamic=True`), so it
-compiles once per model and never per position. MoE routing for one token has no
+The position is a tensor and attention runs over the cache's whole capacity with the later
+positions masked, so the graph compiles once per model and never per position; the capacity
+is its one symbolic size (the weights' shapes stay static: a fully dynamic graph ran no
+faster than eager). MoE routing for one token has no
 data-dependent shapes: the top-k experts' weights are read by index inside the fused
 product (no gathered copy). The step runs on one thread: it is used only where every
 product of the step is below the size that earns a second one (moespec.kernels.threads).
@@ -176,7 +178,7 @@ class CompiledStep:
         self.renormalize = c.norm_topk_prob
         self.failure: str | None = None
         self.steps = 0  # steps run compiled
-        self._compiled = torch.compile(self._forward, dynamic=True, fullgraph=True)
+        self._compiled = torch.compile(self._forward, fullgraph=True)
 
     def __call__(self, token: torch.Tensor, cache) -> torch.Tensor | None:
         if self.failure:
@@ -184,6 +186,11 @@ class CompiledStep:
         cache.reserve(1)
         cos, sin = self.rotary.tables(0, cache.capacity)
         position = torch.tensor([cache.length])
+        if not self.steps:  # one graph for every capacity: only these sizes vary
+            for t in (*cache.keys, *cache.values):
+                torch._dynamo.mark_dynamic(t, 2)
+            torch._dynamo.mark_dynamic(cos, 0)
+            torch._dynamo.mark_dynamic(sin, 0)
         try:
             with intra_op_threads(1):
                 logits = self._compiled(token, position, cache.keys, cache.values, cos, sin)
