@@ -80,6 +80,9 @@ def test_auto_keeps_a_model_with_a_product_worth_two_threads_eager(model, monkey
     report = capture(model, "auto")
     assert report["captured"] is False and "more than one thread" in report["note"]
     assert capture(model, "off") == {"mode": "off", "captured": False, "note": "off"}
+    model.batch_invariant = True
+    report = capture(model, "on")
+    assert report["captured"] is False and "batch-invariant" in report["note"]
 
 
 class CountingStep:

@@ -129,12 +129,16 @@ def capture(model, mode: CompileMode = "auto") -> dict:
 
     auto: on when the model is supported, small (every product of a step below
     SMALL_WORK_BYTES) and a C++ compiler is present; on: whatever its size; off: never.
+    Never for a batch-invariant model (its one-token passes are the bits verification
+    passes reproduce).
     Returns the report `compile_report(model)` gives."""
     if mode not in COMPILE_CHOICES:
         raise ValueError(f"compile mode must be one of {', '.join(COMPILE_CHOICES)}, got {mode!r}")
     model.captured_step, model.compile_note = None, None
     if mode == "off":
         model.compile_note = "off"
+    elif model.batch_invariant:
+        model.compile_note = "decoding eagerly: batch-invariant passes keep the eager bits"
     elif reason := supported(model) or compiler_missing():
         model.compile_note = f"decoding eagerly: {reason}"
     elif mode == "auto" and not small_enough(model):
@@ -151,9 +155,11 @@ def compile_report(model) -> dict:
     note = getattr(model, "compile_note", None)
     if step is not None and step.failure:
         note = f"decoding eagerly: the compile failed: {step.failure}"
+    elif step is not None and model.batch_invariant:
+        note = "decoding eagerly: batch-invariant passes keep the eager bits"
     return {
         "mode": getattr(model, "compile_mode", "off"),
-        "captured": step is not None and not step.failure,
+        "captured": step is not None and not step.failure and not model.batch_invariant,
         "note": note,
     }
 
