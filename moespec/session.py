@@ -31,6 +31,7 @@ class GenerateSettings:
     plan: str | None = None
     dtype: str = "bf16"
     batch_invariant: bool = True
+    compile: str = "off"  # one-token steps by torch.compile: "auto", "on" or "off"
     truncate: str = "none"
     stop_repeats: int = 8
     temperature: float = 0.0
@@ -92,6 +93,7 @@ class GenerateResult:
     threads: dict
     batch_invariant: bool
     summary: dict  # `decoding.summarize` (+ offload, speedup and compare when measured)
+    compile: dict = field(default_factory=dict)  # "target", "draft/NAME": compile_report
     records: list = field(default_factory=list)
 
     @property
@@ -109,6 +111,7 @@ class GenerateResult:
             "text": self.text,
             "threads": self.threads,
             "batch_invariant": self.batch_invariant,
+            "compile": self.compile,
             **self.summary,
             "steps": [r.to_dict() for r in self.records],
         }
@@ -130,6 +133,7 @@ def generate_text(
     from moespec.decoding.setup import draft_name
     from moespec.demo import describe
     from moespec.models import StreamingDetokenizer, load_model
+    from moespec.models.compiled import capture, compile_report
     from moespec.models.context import fit_context
 
     settings.check()
@@ -140,6 +144,7 @@ def generate_text(
     model_dir, draft = model_and_draft(settings.model, settings.draft)
     model, tokenizer = load_model(model_dir, dtype=settings.dtype, pack=settings.offload is None)
     model.batch_invariant = settings.batch_invariant
+    capture(model, settings.compile)
     kernels = Kernels.of(settings, model)
     prompt = tokenizer.encode(settings.prompt)
     if not prompt:
@@ -175,6 +180,13 @@ def generate_text(
         batch_invariant=model.batch_invariant,
         summary=arms.summary(records, comparison),
         records=records,
+        compile={
+            "target": compile_report(model),
+            **{
+                f"draft/{name}": compile_report(draft_model)
+                for name, draft_model in getattr(make_speculation, "models", {}).items()
+            },
+        },
     )
 
 
@@ -242,6 +254,7 @@ def speculation(settings, draft, model, tokenizer, prompt, kernels):
         dtype=settings.dtype,
         reference=reference,
         seed=settings.seed,
+        compile=settings.compile,
     )
 
 

@@ -139,6 +139,15 @@ RESULTS = [
         5,
     ),
     Result(
+        "captured-step",
+        ("captured_step.json",),
+        (
+            "python benchmarks/captured_step.py --rounds 3 --profile "
+            f"--out {RESULTS_DIR}/captured_step.json",
+        ),
+        15,
+    ),
+    Result(
         "calibration-gate",
         ("offload_simulation/calibration_gate.json",),
         (

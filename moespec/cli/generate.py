@@ -110,6 +110,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "speculation equals plain greedy decoding in bf16 too (default: on)",
     )
     parser.add_argument(
+        "--compile",
+        default="off",
+        choices=["auto", "on", "off"],
+        help="one-token decode steps compiled by torch.compile (a C++ compiler needed; a "
+        "failure decodes eagerly with a note): auto for small models, on for any; the "
+        "draft's always, the target's only with --batch-invariant off (default: off, as "
+        "compiling takes tens of seconds)",
+    )
+    parser.add_argument(
         "--truncate",
         default="none",
         choices=["none", "left"],
@@ -202,6 +211,7 @@ def run(args: argparse.Namespace) -> int:
         plan=args.plan,
         dtype=args.dtype,
         batch_invariant=args.batch_invariant == "on",
+        compile=args.compile,
         truncate=args.truncate,
         stop_repeats=args.stop_repeats,
         temperature=args.temperature,
@@ -226,6 +236,10 @@ def run(args: argparse.Namespace) -> int:
     print()
     summary, kept = result.summary, len(result.prompt_tokens)
     print(format_summary(summary, len(result.tokens), kept, result.speculative), file=sys.stderr)
+    if args.compile != "off":
+        for name, report in result.compile.items():
+            if report.get("note"):
+                print(f"note: {name}: {report['note']}", file=sys.stderr)
     notes = format_notes(summary, kept, result.given_prompt_tokens, args.stop_repeats)
     print(notes, file=sys.stderr, end="")
     if summary.get("offload"):

@@ -18,6 +18,7 @@ from moespec.decoding.sampling import Sampler
 from moespec.decoding.speculation import Option, Speculation
 from moespec.errors import SettingError, setting
 from moespec.models import Tokenizer, Transformer, load_model
+from moespec.models.compiled import capture
 from moespec.plan import Plan
 
 SPECS = "auto, auto:DIR, oracle:A, lookup, none"
@@ -50,8 +51,9 @@ def parse_oracle(spec: str) -> float:
     return acceptance
 
 
-def load_draft_model(spec: str, tokenizer: Tokenizer, dtype) -> Transformer:
-    """The draft checkpoint at `spec`, which must share the target's tokenizer."""
+def load_draft_model(spec: str, tokenizer: Tokenizer, dtype, compile="off") -> Transformer:
+    """The draft checkpoint at `spec`, which must share the target's tokenizer; its one-token
+    steps compiled by `compile` (moespec.models.compiled.capture)."""
     path = Path(spec)
     if not path.is_dir():
         raise SettingError(
@@ -59,6 +61,7 @@ def load_draft_model(spec: str, tokenizer: Tokenizer, dtype) -> Transformer:
         )
     draft_model, draft_tokenizer = load_model(path, dtype=dtype)
     check_same_tokenizer(tokenizer, draft_tokenizer, path)
+    capture(draft_model, compile)
     return draft_model
 
 
@@ -73,10 +76,12 @@ def drafter_factory(
     dtype,
     reference: list[int] | None = None,
     seed: int = 0,
+    compile: str = "off",
 ) -> Callable[[], Drafter]:
     """A function giving a fresh drafter of `spec` (a checkpoint directory, "oracle:A" for
     greedy decoding only, or "lookup") per generation; checkpoints and the oracle's reference
-    are made once."""
+    are made once; a checkpoint's one-token steps compiled by `compile` (its factory's
+    `model` attribute is the draft model)."""
     vocab = target.config.vocab_size
     if spec == "lookup":
         return PromptLookupDrafter
@@ -98,10 +103,15 @@ def drafter_factory(
             seed,
             resync=lambda context, n: greedy_reference(target, context, n),
         )
-    draft_model = load_draft_model(spec, tokenizer, dtype)
-    return lambda: ModelDrafter(
-        draft_model, Sampler(sampler.temperature, sampler.top_p, seed + 1), vocab
-    )
+    draft_model = load_draft_model(spec, tokenizer, dtype, compile)
+
+    def make() -> Drafter:
+        return ModelDrafter(
+            draft_model, Sampler(sampler.temperature, sampler.top_p, seed + 1), vocab
+        )
+
+    make.model = draft_model
+    return make
 
 
 def build_drafter(spec: str, **settings) -> Drafter:
@@ -142,6 +152,7 @@ def speculation_factory(
             options[drafter.name] = Option(drafter, policy)
         return Speculation(options)
 
+    make.models = {name or "model": m.model for name, m in makers.items() if hasattr(m, "model")}
     return make
 
 

@@ -39,6 +39,9 @@ class Transformer:
         # alone (moespec.kernels.invariance): greedy speculation then equals plain greedy
         # decoding in bf16 too. Prompt passes are shared by both and stay as they are.
         self.batch_invariant = False
+        # A compiled one-token step (moespec.models.compiled.capture); its bits are not the
+        # eager pass's, so it never runs where batch invariance is asked for.
+        self.captured_step = None
 
     @property
     def moe_blocks(self) -> dict[int, MoEBlock]:
@@ -75,6 +78,16 @@ class Transformer:
         if tokens.dim() == 1:
             tokens = tokens[None]
         batch, length = tokens.shape
+        if (
+            self.captured_step is not None
+            and batch * length == 1
+            and routing_sink is None
+            and offload is None
+            and not self.batch_invariant
+        ):
+            logits = self.captured_step(tokens.view(1), cache)
+            if logits is not None:  # None: the compile failed, decode eagerly
+                return logits
         start = cache.length
         cache.reserve(length)
         with (
