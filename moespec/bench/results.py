@@ -207,6 +207,45 @@ RESULTS = [
         6,
     ),
     _scored("olmoe4L-fp32", OLMOE_4L, "fp32", 2, before=(MAKE_OLMOE_4L,)),
+    Result(
+        "scorecard-demo-bf16",
+        tuple(
+            f"scorecard/demo-bf16/{n}"
+            for n in ("plan.json", "bench.jsonl", "evaluation.json", *PLAN_FIGURES)
+        ),
+        (
+            "OMP_NUM_THREADS=1 python benchmarks/scorecard.py demo-bf16 "
+            f"--out {RESULTS_DIR}/scorecard/demo-bf16 --force",
+        ),
+        50,
+    ),
+    *(
+        Result(
+            f"llamacpp-{name}",
+            (f"llamacpp_{name.replace('-', '_')}.json",),
+            (
+                f"python benchmarks/decode_vs_llamacpp.py {source} --tokens {tokens} "
+                f"--rounds 2 --threads 1,2 --verify-repeats {verify} "
+                f"--out {RESULTS_DIR}/llamacpp_{name.replace('-', '_')}.json --force",
+            ),
+            minutes,
+        )
+        for name, source, tokens, verify, minutes in (
+            ("olmoe", "--shape olmoe", 16, 2, 20),
+            ("demo-target", "--demo target", 128, 5, 5),
+            ("demo-draft", "--demo draft", 128, 5, 5),
+        )
+    ),
+    Result(
+        "llamacpp-plan-check",
+        ("llamacpp_plan_check.json",),
+        (
+            "python benchmarks/llamacpp_plan_check.py --shape olmoe --types bf16,q8_0 "
+            "--threads 1 --tokens 16 --rounds 1 --depth 32 --verify-repeats 3 "
+            f"--trace-documents 2 --out {RESULTS_DIR}/llamacpp_plan_check.json --force",
+        ),
+        20,
+    ),
     _plan("olmoe-1b-7b-bf16", "--shape olmoe-1b-7b", 1),
     _plan("olmoe-1b-7b-fp32", "--shape olmoe-1b-7b --dtype fp32", 1),
     _plan("qwen3-30b-a3b-bf16", "--shape qwen3-30b-a3b", 1),
