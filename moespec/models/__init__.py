@@ -9,7 +9,7 @@ from pathlib import Path
 import torch
 
 from moespec.kernels import ExpertWeights
-from moespec.models import llama, mixtral, olmoe, qwen3, qwen3_moe
+from moespec.models import gpt_oss, llama, minimax_m2, mixtral, olmoe, qwen3, qwen3_moe
 from moespec.models.cache import KVCache
 from moespec.models.checkpoint import CheckpointError, TensorReader, load_experts, read_json
 from moespec.models.config import ConfigError, ModelConfig, eos_ids
@@ -25,6 +25,8 @@ ARCHITECTURES: dict[str, types.ModuleType] = {
     "mixtral": mixtral,
     "qwen3": qwen3,
     "llama": llama,
+    "gpt_oss": gpt_oss,
+    "minimax_m2": minimax_m2,
 }
 
 DTYPES = {
@@ -131,6 +133,26 @@ def _build(config: ModelConfig, reader: TensorReader, layout, dtype) -> Transfor
     return Transformer(c, embed, layers, norm, lm_head, dtype)
 
 
+def _build_moe(c: ModelConfig, reader: TensorReader, moe: str, layout, dtype) -> MoEBlock:
+    """The MoE block under `moe`: router (with MiniMax-M2's score-correction bias when it
+    scores by sigmoid), then the experts, per expert or fused."""
+    h = c.hidden_size
+    gate_up, down = load_experts(
+        reader, moe, layout, c.num_experts, h, c.moe_intermediate_size, dtype
+    )
+    selection = None
+    if c.router_scoring == "sigmoid":
+        selection = reader.get(f"{moe}.e_score_correction_bias", (c.num_experts,), torch.float32)
+    return MoEBlock(
+        router=reader.get(f"{moe}.{layout.router}.weight", (c.num_experts, h), dtype),
+        experts=ExpertWeights(gate_up, down),
+        top_k=c.top_k,
+        renormalize=c.norm_topk_prob,
+        scoring=c.router_scoring,
+        selection_bias=selection,
+    )
+
+
 def _build_layer(c: ModelConfig, reader: TensorReader, layout, dtype, i: int) -> Layer:
     get = reader.get
     prefix = f"model.layers.{i}"
@@ -164,20 +186,12 @@ def _build_layer(c: ModelConfig, reader: TensorReader, layout, dtype, i: int) ->
     elif c.qk_norm == "projection":
         q_norm = get(f"{attn}.q_norm.weight", (q_size,), dtype)
         k_norm = get(f"{attn}.k_norm.weight", (kv_size,), dtype)
-    attention = Attention(
-        qkv, get(f"{attn}.o_proj.weight", (h, q_size), dtype), qkv_bias, o_bias, q_norm, k_norm, c
-    )
+    sinks = get(f"{attn}.sinks", (c.num_heads,), dtype).float() if c.attention_sinks else None
+    o = get(f"{attn}.o_proj.weight", (h, q_size), dtype)
+    attention = Attention(qkv, o, qkv_bias, o_bias, q_norm, k_norm, c, sinks)
     if c.moe_layers[i]:
-        moe = f"{prefix}.{layout.moe_prefix}"
-        gate_up, down = load_experts(
-            reader, moe, layout, c.num_experts, h, c.moe_intermediate_size, dtype
-        )
-        mlp = MoEBlock(
-            router=get(f"{moe}.{layout.router}.weight", (c.num_experts, h), dtype),
-            experts=ExpertWeights(gate_up, down),
-            top_k=c.top_k,
-            renormalize=c.norm_topk_prob,
-        )
+        build = getattr(ARCHITECTURES[c.model_type], "build_moe", _build_moe)
+        mlp = build(c, reader, f"{prefix}.{layout.moe_prefix}", layout, dtype)
     else:
         inter = c.intermediate_size
         mlp = DenseMLP(

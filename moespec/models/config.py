@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 QkNorm = Literal["none", "head", "projection"]
+Scoring = Literal["softmax", "softmax_topk", "sigmoid"]
 
 
 class ConfigError(ValueError):
@@ -32,12 +33,18 @@ class ModelConfig:
     attention_bias: bool = False
     clip_qkv: float | None = None
     sliding_window: int | None = None
+    # Per layer "full_attention" or "sliding_attention" (gpt-oss); empty: every layer slides
+    # when `sliding_window` is set (Mixtral).
+    layer_types: tuple[str, ...] = ()
+    attention_sinks: bool = False  # a learned logit per head in each softmax (gpt-oss)
+    rotary_dim: int = 0  # the leading dims of each head that rotate; 0: all (head_dim)
     tie_word_embeddings: bool = False
     intermediate_size: int = 0  # dense MLP layers
     num_experts: int = 0  # 0: a dense model
     top_k: int = 0
     moe_intermediate_size: int = 0
     norm_topk_prob: bool = False
+    router_scoring: Scoring = "softmax"  # moespec.models.moe.route
     # Which layers are MoE (the rest are dense MLP); derived when left empty.
     moe_layers: tuple[bool, ...] = ()
     bos_token_id: int | None = None
@@ -49,6 +56,8 @@ class ModelConfig:
     def __post_init__(self):
         if not self.moe_layers:
             object.__setattr__(self, "moe_layers", (self.num_experts > 0,) * self.num_layers)
+        if not self.rotary_dim:
+            object.__setattr__(self, "rotary_dim", self.head_dim)
         for key in (
             "vocab_size",
             "hidden_size",
@@ -77,6 +86,28 @@ class ModelConfig:
                 raise ConfigError("the experts' intermediate size must be positive")
         if not all(self.moe_layers) and self.intermediate_size < 1:
             raise ConfigError("dense layers need a positive intermediate_size")
+        if not 2 <= self.rotary_dim <= self.head_dim or self.rotary_dim % 2:
+            raise ConfigError(f"rotary dims must be even and in 2..{self.head_dim}")
+        if self.layer_types:
+            if len(self.layer_types) != self.num_layers:
+                raise ConfigError(
+                    f"layer_types has {len(self.layer_types)} entries for {self.num_layers} layers"
+                )
+            unknown = set(self.layer_types) - {"full_attention", "sliding_attention"}
+            if unknown:
+                raise ConfigError(f"layer_types {sorted(unknown)} are not supported")
+            if "sliding_attention" in self.layer_types and not self.sliding_window:
+                raise ConfigError("sliding_attention layers need a sliding_window")
+
+    @property
+    def attention_windows(self) -> tuple[int | None, ...]:
+        """The sliding window of each layer's attention (None: full attention)."""
+        if not self.layer_types:
+            return (self.sliding_window,) * self.num_layers
+        return tuple(
+            self.sliding_window if kind == "sliding_attention" else None
+            for kind in self.layer_types
+        )
 
     @property
     def is_moe(self) -> bool:
@@ -111,9 +142,9 @@ def rope_settings(raw: dict) -> tuple[float, dict | None]:
         scaling = params
     if scaling is not None:
         kind = scaling.get("rope_type", scaling.get("type", "default"))
-        if kind not in ("default", "linear", "llama3"):
+        if kind not in ("default", "linear", "llama3", "yarn"):
             raise ConfigError(
-                f"rope scaling type {kind!r} is not supported (default, linear, llama3)"
+                f"rope scaling type {kind!r} is not supported (default, linear, llama3, yarn)"
             )
         if kind == "default":
             scaling = None
@@ -137,6 +168,10 @@ def common_fields(raw: dict) -> dict:
     hidden = int(require(raw, "hidden_size"))
     heads = int(require(raw, "num_attention_heads"))
     theta, scaling = rope_settings(raw)
+    head_dim = int(optional(raw, "head_dim", default=hidden // heads))
+    partial = optional(raw, "partial_rotary_factor", default=None)
+    if partial is None:
+        partial = (raw.get("rope_parameters") or {}).get("partial_rotary_factor", 1.0)
     return {
         "model_type": raw["model_type"],
         "vocab_size": int(require(raw, "vocab_size")),
@@ -144,7 +179,8 @@ def common_fields(raw: dict) -> dict:
         "num_layers": int(require(raw, "num_hidden_layers")),
         "num_heads": heads,
         "num_kv_heads": int(optional(raw, "num_key_value_heads", default=heads)),
-        "head_dim": int(optional(raw, "head_dim", default=hidden // heads)),
+        "head_dim": head_dim,
+        "rotary_dim": int(head_dim * float(partial)),
         "rms_norm_eps": float(optional(raw, "rms_norm_eps", default=1e-6)),
         "rope_theta": theta,
         "rope_scaling": scaling,

@@ -12,6 +12,7 @@ import torch.nn.functional as F
 
 from moespec.kernels.invariance import is_batch_invariant
 from moespec.kernels.linear import linear
+from moespec.models import yarn
 from moespec.models.cache import KVCache
 from moespec.models.config import ModelConfig
 
@@ -29,8 +30,9 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
 
 
 def rope_inverse_frequencies(config: ModelConfig) -> torch.Tensor:
-    """theta^(-2i/D), with linear or Llama-3 frequency scaling when the config asks for it."""
-    dim = config.head_dim
+    """theta^(-2i/D) over the rotary dims D, with linear, Llama-3 or YaRN frequency scaling
+    when the config asks for it."""
+    dim = config.rotary_dim
     inv_freq = 1.0 / (
         config.rope_theta ** (torch.arange(0, dim, 2, dtype=torch.int64).float() / dim)
     )
@@ -38,6 +40,8 @@ def rope_inverse_frequencies(config: ModelConfig) -> torch.Tensor:
     if not scaling:
         return inv_freq
     kind = scaling.get("rope_type", scaling.get("type"))
+    if kind == "yarn":
+        return yarn.inverse_frequencies(scaling, config.rope_theta, dim)
     factor = float(scaling["factor"])
     if kind == "linear":
         return inv_freq / factor
@@ -62,8 +66,11 @@ class Rotary:
 
     def __init__(self, config: ModelConfig, dtype: torch.dtype = torch.float32):
         self.inv_freq = rope_inverse_frequencies(config)
+        scaling = config.rope_scaling or {}
+        yarn_scaled = scaling.get("rope_type", scaling.get("type")) == "yarn"
+        self.scale = yarn.attention_factor(scaling) if yarn_scaled else 1.0  # of cos and sin
         self.dtype = dtype
-        self.cos = self.sin = torch.empty(0, 1, config.head_dim, dtype=dtype)
+        self.cos = self.sin = torch.empty(0, 1, config.rotary_dim, dtype=dtype)
 
     def tables(self, start: int, tokens: int) -> tuple[torch.Tensor, torch.Tensor]:
         """(cos, sin) [T, 1, D] of positions start .. start + T - 1."""
@@ -73,16 +80,23 @@ class Rotary:
             freqs = torch.arange(size, dtype=torch.float32)[:, None] * self.inv_freq
             half = freqs.shape[1]
             emb = torch.cat((freqs, freqs), dim=-1)
-            sin = emb.sin()
+            cos, sin = emb.cos(), emb.sin()
+            if self.scale != 1.0:
+                cos, sin = cos * self.scale, sin * self.scale
             sin[:, :half] = -sin[:, :half]
             # [P, 1, D]: broadcast over heads without a per-pass unsqueeze
-            self.cos, self.sin = emb.cos()[:, None].to(self.dtype), sin[:, None].to(self.dtype)
+            self.cos, self.sin = cos[:, None].to(self.dtype), sin[:, None].to(self.dtype)
         return self.cos[start:needed], self.sin[start:needed]
 
 
 def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """Rotary embedding of x [..., T, heads, D] with Rotary.tables' signed (cos, sin)."""
-    return x * cos + x.roll(x.shape[-1] // 2, -1) * sin
+    """Rotary embedding of x [..., T, heads, D] with Rotary.tables' signed (cos, sin); with
+    fewer rotary dims R < D (partial rotary, MiniMax-M2), the first R of each head turn."""
+    dim = cos.shape[-1]
+    if dim < x.shape[-1]:
+        turned, kept = x.split((dim, x.shape[-1] - dim), dim=-1)
+        return torch.cat((rotate(turned, cos, sin), kept), dim=-1)
+    return x * cos + x.roll(dim // 2, -1) * sin
 
 
 @dataclass
@@ -96,6 +110,7 @@ class Attention:
     q_norm: torch.Tensor | None  # [D] per head, or [N D] over the projection
     k_norm: torch.Tensor | None
     config: ModelConfig
+    sinks: torch.Tensor | None = None  # [N] float32 logits of the attention sinks (gpt-oss)
 
     def __post_init__(self):
         # Per-head norms of q and k as one weight [N + K, D], so both are normed in one call.
@@ -125,7 +140,7 @@ class Attention:
         else:
             q, k, v = self._project_separately(qkv, cos, sin)
         keys, values = cache.update(layer, k.transpose(1, 2), v.transpose(1, 2))  # [B, K, L, D]
-        return linear(attend(q, keys, values, mask), self.o, self.o_bias)
+        return linear(attend(q, keys, values, mask, self.sinks), self.o, self.o_bias)
 
     def _project_separately(self, qkv, cos, sin):
         """q, k, v [B, T, heads, D] for norms over the whole projection (OLMoE) or clipping."""
@@ -151,9 +166,11 @@ class Attention:
         return rotate(q, cos, sin), rotate(k, cos, sin), v
 
 
-def attend(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, mask) -> torch.Tensor:
+def attend(
+    q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, mask, sinks=None
+) -> torch.Tensor:
     """Scaled dot-product attention of q [B, T, N, D] over the cache's keys/values
-    [B, K, L, D]; returns [B, T, N D].
+    [B, K, L, D]; returns [B, T, N D]. sinks: [N] logits of attention sinks, or None.
 
     In reduced precision the library's grouped-query path is slow on CPU (4-6x at T = 1), so
     the G = N / K query heads sharing a key head are laid out as G T query rows of that head
@@ -161,7 +178,9 @@ def attend(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, mask) -> t
     """
     batch, tokens, heads, dim = q.shape
     if tokens > 1 and is_batch_invariant():
-        return _attend_rows(q, keys, values, mask)
+        return _attend_rows(q, keys, values, mask, sinks)
+    if sinks is not None:
+        return attend_with_sinks(q, keys, values, mask, sinks)
     kv_heads = keys.shape[1]
     group = heads // kv_heads
     if q.dtype == torch.float32 or group == 1:
@@ -182,7 +201,25 @@ def attend(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, mask) -> t
     return out.reshape(batch, tokens, heads * dim)
 
 
-def _attend_rows(q, keys, values, mask) -> torch.Tensor:
+def attend_with_sinks(q, keys, values, mask, sinks) -> torch.Tensor:
+    """Attention whose softmax over each query's keys also holds its head's sink logit s_n,
+    a key of value zero: p_j = exp(z_j) / (exp(s_n) + sum_i exp(z_i)) (gpt-oss; transformers'
+    eager_attention_forward). Shapes as in `attend`; head n reads key head n // G."""
+    batch, tokens, heads, dim = q.shape
+    kv_heads = keys.shape[1]
+    group = heads // kv_heads
+    rows = q.view(batch, tokens, kv_heads, group, dim).permute(0, 2, 3, 1, 4)  # [B, K, G, T, D]
+    scores = rows @ keys.unsqueeze(2).transpose(-1, -2) * dim**-0.5  # [B, K, G, T, L]
+    if mask is not None:
+        scores = scores.masked_fill(~mask, float("-inf"))
+    sink = sinks.view(1, kv_heads, group, 1, 1).expand(batch, -1, -1, tokens, 1)
+    logits = torch.cat((scores.float(), sink.float()), dim=-1)
+    probs = torch.softmax(logits, dim=-1)[..., :-1].to(values.dtype)  # the sink is dropped
+    out = probs @ values.unsqueeze(2)  # [B, K, G, T, D]
+    return out.permute(0, 3, 1, 2, 4).reshape(batch, tokens, heads * dim)
+
+
+def _attend_rows(q, keys, values, mask, sinks=None) -> torch.Tensor:
     """Each query row as a one-token pass computes it: over exactly the keys it sees, with
     the mask a one-token pass has (none where it sees them all): batch-invariant attention."""
     tokens = q.shape[1]
@@ -193,7 +230,9 @@ def _attend_rows(q, keys, values, mask) -> torch.Tensor:
         row_mask = None if mask is None else mask[i : i + 1, :seen]
         if row_mask is not None and bool(row_mask.all()):
             row_mask = None
-        rows.append(attend(q[:, i : i + 1], keys[:, :, :seen], values[:, :, :seen], row_mask))
+        rows.append(
+            attend(q[:, i : i + 1], keys[:, :, :seen], values[:, :, :seen], row_mask, sinks)
+        )
     return torch.cat(rows, dim=1)
 
 

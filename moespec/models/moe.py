@@ -10,6 +10,7 @@ import torch
 
 from moespec.kernels import ExpertWeights, get_kernel
 from moespec.kernels.linear import linear
+from moespec.models.config import Scoring
 
 # sink(layer, expert_ids [T, m], expert_weights [T, m]): sees the routing of every pass.
 RoutingSink = Callable[[int, torch.Tensor, torch.Tensor], None]
@@ -19,16 +20,36 @@ ExpertExecutor = Callable[[int, torch.Tensor, torch.Tensor, torch.Tensor, str], 
 
 
 def route(
-    x: torch.Tensor, router: torch.Tensor, top_k: int, renormalize: bool
+    x: torch.Tensor,
+    router: torch.Tensor,
+    top_k: int,
+    renormalize: bool,
+    *,
+    scoring: Scoring = "softmax",
+    router_bias: torch.Tensor | None = None,
+    selection_bias: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Softmax over all experts (in float32), keep the top k, optionally renormalise them.
+    """The router's choice of m experts per token and their weights, in float32.
 
-    Qwen3-MoE and OLMoE renormalise when `norm_topk_prob`; Mixtral always does (top-k of the
-    logits then softmax is the same thing). Returns (weights [T, m] float32, ids [T, m]).
+    "softmax": softmax over all experts, keep the top k, renormalised when `renormalize`
+    (Qwen3-MoE and OLMoE when `norm_topk_prob`; Mixtral always: top-k of the logits then
+    softmax is the same thing). "softmax_topk": the top k logits, softmax over those alone
+    (gpt-oss, whose router adds `router_bias` to its logits). "sigmoid": sigmoid scores, the
+    top k of scores + `selection_bias` chosen (MiniMax-M2's score-correction bias), weighted
+    by their scores, renormalised when `renormalize`. Returns (weights [T, m], ids [T, m]).
     """
-    logits = linear(x, router)  # [T, E]
-    probs = torch.softmax(logits, dim=-1, dtype=torch.float32)
-    weights, ids = torch.topk(probs, top_k, dim=-1)
+    logits = linear(x, router, router_bias)  # [T, E]
+    if scoring == "softmax_topk":
+        top, ids = torch.topk(logits, top_k, dim=-1)
+        return torch.softmax(top, dim=-1, dtype=torch.float32), ids
+    if scoring == "sigmoid":
+        scores = torch.sigmoid(logits.float())
+        choice = scores if selection_bias is None else scores + selection_bias
+        ids = torch.topk(choice, top_k, dim=-1).indices
+        weights = scores.gather(1, ids)
+    else:
+        probs = torch.softmax(logits, dim=-1, dtype=torch.float32)
+        weights, ids = torch.topk(probs, top_k, dim=-1)
     if renormalize:
         weights = weights / weights.sum(dim=-1, keepdim=True)
     return weights, ids
@@ -40,6 +61,9 @@ class MoEBlock:
     experts: ExpertWeights
     top_k: int
     renormalize: bool
+    scoring: Scoring = "softmax"
+    router_bias: torch.Tensor | None = None  # [E], added to the logits (gpt-oss)
+    selection_bias: torch.Tensor | None = None  # [E], added to the scores to choose (MiniMax-M2)
 
     def __call__(
         self,
@@ -53,7 +77,15 @@ class MoEBlock:
         # x: [B, T, H]
         shape = x.shape
         flat = x.reshape(-1, shape[-1])
-        weights, ids = route(flat, self.router, self.top_k, self.renormalize)
+        weights, ids = route(
+            flat,
+            self.router,
+            self.top_k,
+            self.renormalize,
+            scoring=self.scoring,
+            router_bias=self.router_bias,
+            selection_bias=self.selection_bias,
+        )
         if sink is not None:
             sink(layer, ids, weights)
         if offload is not None:  # the experts live in the executor's tiers, not in self.experts

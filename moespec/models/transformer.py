@@ -81,11 +81,13 @@ class Transformer:
             pass_threads(self._attention_bytes(batch, start + length)),
         ):
             cos, sin = self.rotary.tables(start, length)
-            mask = attention_mask(start, length, self.config.sliding_window)
+            windows = self.config.attention_windows  # per layer: full or sliding attention
+            masks = {w: attention_mask(start, length, w) for w in set(windows)}
             eps = self.config.rms_norm_eps
             h = F.embedding(tokens, self.embed)  # [B, T, H], a fresh tensor: added to in place
             for i, layer in enumerate(self.layers):
-                h += layer.attention(rms_norm(h, layer.input_norm, eps), i, cache, cos, sin, mask)
+                x = rms_norm(h, layer.input_norm, eps)
+                h += layer.attention(x, i, cache, cos, sin, masks[windows[i]])
                 x = rms_norm(h, layer.post_attention_norm, eps)
                 h += layer.mlp(x, kernel=kernel, layer=i, sink=routing_sink, offload=offload)
             cache.advance(length)
@@ -140,15 +142,17 @@ class Transformer:
         (attention, norms, routers, dense MLPs, the output head; not the embedding table,
         of which a pass reads only its tokens' rows, unless it is tied to the head)."""
         experts = sum(
-            b.experts.gate_up.nbytes + b.experts.down.nbytes for b in self.moe_blocks.values()
+            b.experts.num_experts * b.experts.bytes_per_expert for b in self.moe_blocks.values()
         )
         tensors = [self.norm, self.lm_head]
         for layer in self.layers:
             a = layer.attention
             tensors += [layer.input_norm, layer.post_attention_norm, a.qkv, a.o]
-            tensors += [t for t in (a.qkv_bias, a.o_bias, a.q_norm, a.k_norm) if t is not None]
+            optional = (a.qkv_bias, a.o_bias, a.q_norm, a.k_norm, a.sinks)
+            tensors += [t for t in optional if t is not None]
             if isinstance(layer.mlp, MoEBlock):
-                tensors.append(layer.mlp.router)
+                m = layer.mlp
+                tensors += [t for t in (m.router, m.router_bias, m.selection_bias) if t is not None]
             else:
                 tensors += [layer.mlp.gate_up, layer.mlp.down]
         return {"experts": experts, "dense": sum(t.nbytes for t in tensors)}
