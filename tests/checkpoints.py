@@ -57,9 +57,39 @@ FAMILIES = {
             "original_max_position_embeddings": 64,
         },
     ),
+    # gpt-oss: a window shorter than the tests' sequences, weights large enough (0.05) that
+    # the clamp of its SwiGLU (limit 0.5) bites, YaRN as released (factor 32 over 4096).
+    "gpt_oss": dict(
+        ATTENTION,
+        head_dim=16,
+        intermediate_size=32,
+        num_local_experts=8,
+        num_experts_per_tok=2,
+        sliding_window=4,
+        swiglu_limit=0.5,
+        initializer_range=0.05,
+        max_position_embeddings=131072,
+    ),
+    # MiniMax-M2: rope on half of each head, as released (rotary_dim 64 of head_dim 128).
+    "minimax_m2": dict(
+        ATTENTION,
+        head_dim=16,
+        rotary_dim=8,
+        intermediate_size=32,
+        num_local_experts=8,
+        num_experts_per_tok=2,
+        bos_token_id=None,
+        eos_token_id=None,
+    ),
 }
 
 MOE_FAMILIES = ["qwen3_moe", "olmoe", "mixtral"]
+# Tensors that transformers initialises to zero (or near it) in these families: random in the
+# tests, so that the checkpoints exercise them (biases, sinks, score corrections).
+RANDOMISED = {
+    "gpt_oss": ("sinks", "router.bias", "gate_up_proj_bias", "down_proj_bias"),
+    "minimax_m2": ("e_score_correction_bias",),
+}
 
 
 def hf_model(model_type: str, seed: int = 0, **overrides):
@@ -74,6 +104,9 @@ def hf_model(model_type: str, seed: int = 0, **overrides):
         for name, param in model.named_parameters():
             if name.endswith(("gate.weight", "router.weight")) and param.dim() == 2:
                 param.normal_(0, 0.5)
+        for name, tensor in [*model.named_parameters(), *model.named_buffers()]:
+            if name.endswith(RANDOMISED.get(model_type, ())):
+                tensor.normal_(0, 0.5)
     return model.eval()
 
 
