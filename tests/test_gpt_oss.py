@@ -209,3 +209,12 @@ def test_mxfp4_blocks_of_a_float_dtype_are_refused(mxfp4_dir, tmp_path):
     save_file(tensors, directory / "model.safetensors")
     with pytest.raises(CheckpointError, match=rf"tensor '{name}' has dtype torch.float32; "):
         load_model(directory)
+
+
+def test_offloading_refuses_experts_its_slots_cannot_hold(checkpoint_dir):
+    from moespec.offload.engine.tiers import CpuBackend, ExpertStore
+
+    model, _ = load_model(checkpoint_dir("gpt_oss")[0], dtype="fp32", pack=False)
+    experts = [block.experts for block in model.moe_blocks.values()]
+    with pytest.raises(ValueError, match="plain SwiGLU experts only"):
+        ExpertStore(experts, CpuBackend())
