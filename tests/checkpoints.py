@@ -81,6 +81,20 @@ FAMILIES = {
         bos_token_id=None,
         eos_token_id=None,
     ),
+    # Qwen3.5-MoE: three Gated DeltaNet layers, then gated full attention.
+    "qwen3_5_moe_text": dict(
+        ATTENTION,
+        num_hidden_layers=4,
+        head_dim=16,
+        moe_intermediate_size=32,
+        shared_expert_intermediate_size=48,
+        num_experts=8,
+        num_experts_per_tok=2,
+        linear_num_key_heads=2,
+        linear_num_value_heads=4,
+        linear_key_head_dim=16,
+        linear_value_head_dim=16,
+    ),
 }
 
 MOE_FAMILIES = ["qwen3_moe", "olmoe", "mixtral"]
@@ -89,6 +103,7 @@ MOE_FAMILIES = ["qwen3_moe", "olmoe", "mixtral"]
 RANDOMISED = {
     "gpt_oss": ("sinks", "router.bias", "gate_up_proj_bias", "down_proj_bias"),
     "minimax_m2": ("e_score_correction_bias",),
+    "qwen3_5_moe_text": ("norm.weight",),  # zero-centred norms start at zero
 }
 
 

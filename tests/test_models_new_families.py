@@ -1,5 +1,6 @@
-"""gpt-oss and MiniMax-M2 through the engine: cache rollback, speculation, routing as
-transformers routes, `moespec trace` and `moespec plan --model` on their tiny checkpoints."""
+"""gpt-oss, MiniMax-M2 and Qwen3.5-MoE through the engine: cache rollback, speculation,
+routing as transformers routes, `moespec trace` and `moespec plan --model` on their tiny
+checkpoints."""
 
 import pytest
 import torch
@@ -20,7 +21,7 @@ from moespec.routing.store import read_trace
 
 pytest.importorskip("transformers")
 
-ARCHITECTURES = ["gpt_oss", "minimax_m2"]
+ARCHITECTURES = ["gpt_oss", "minimax_m2", "qwen3_5_moe_text"]
 TOKENS = torch.tensor([[5, 17, 33, 2, 90, 41, 7, 12, 60, 3, 3, 3, 44, 17, 5]])
 PROMPT = [5, 17, 33, 2, 5, 17, 40, 41]
 
@@ -31,7 +32,8 @@ def test_rejected_drafts_roll_back_and_decoding_goes_on_as_transformers(
     checkpoint_dir, architecture, kernel
 ):
     # Verification passes of the true token and two wrong drafts, each rolled back to the
-    # true token; past the window of 4, so sliding layers see rolled-back positions too.
+    # true token; past gpt-oss's window of 4, so sliding layers see rolled-back positions
+    # too, and through Qwen3.5's recurrent states, restored from their snapshots.
     directory, hf = checkpoint_dir(architecture)
     model, _ = load_model(directory, dtype="fp32")
     cache = model.new_cache(capacity=4)
@@ -108,7 +110,7 @@ def test_the_routing_sink_sees_the_experts_transformers_chooses(checkpoint_dir, 
     seen = {}
     model(TOKENS, model.new_cache(), routing_sink=lambda i, ids, w: seen.__setitem__(i, (ids, w)))
     expected = transformers_routing(hf, TOKENS)
-    assert sorted(seen) == sorted(expected) == [0, 1, 2]
+    assert sorted(seen) == sorted(expected) == list(range(hf.config.num_hidden_layers))
     for layer, (ids, weights) in seen.items():
         assert torch.equal(ids.sort().values, expected[layer].sort().values)
         assert torch.allclose(weights.sum(-1), torch.ones(len(ids)))
@@ -125,7 +127,8 @@ def test_trace_records_the_routing_of_the_tiny_checkpoint(
     code = main(["trace", "--model", str(directory), "--corpus", str(corpus), "--out", str(out)])
     assert code == 0 and f"wrote {out}: 1 documents, 40 tokens" in capsys.readouterr().out
     trace = read_trace(out)
-    assert (trace.num_layers, trace.num_experts, trace.top_k) == (3, 8, 2)
+    layers = load_model(directory)[0].config.num_layers
+    assert (trace.num_layers, trace.num_experts, trace.top_k) == (layers, 8, 2)
 
 
 # gpt-oss only: a plan's fixed costs (the read-bandwidth probe, the held-out corpus, the
@@ -151,3 +154,28 @@ def test_plan_calibrates_the_tiny_checkpoint(checkpoint_dir, architecture, tmp_p
     plan = json.loads((out / "plan.json").read_text())
     assert plan["model"]["model_type"] == architecture and len(plan["verify_time"]) == 3
     assert plan["kernel"]["crossover"] is None or plan["kernel"]["crossover"] >= 1
+
+
+@pytest.mark.parametrize("kernel", ["slot", "dedup"])
+@pytest.mark.parametrize("architecture", ARCHITECTURES)
+def test_bf16_speculation_on_a_batch_invariant_target_equals_plain_greedy(
+    checkpoint_dir, architecture, kernel
+):
+    # As `moespec generate` runs it: sinks, windows, biases and clamps all row by row.
+    target, _ = load_model(checkpoint_dir(architecture)[0], dtype="bf16")
+    target.batch_invariant = True
+    kernels = KernelPolicy(kernel)
+    prompt = PROMPT * 2
+    plain = [t for r in generate(target, prompt, max_tokens=24, kernels=kernels) for t in r.tokens]
+    reference = greedy_reference(target, prompt, 24)
+    for k in (2, 5, 8):
+        drafter = OracleDrafter(reference, len(prompt), 0.6, target.config.vocab_size, seed=1)
+        records = generate(
+            target,
+            prompt,
+            max_tokens=24,
+            kernels=kernels,
+            drafter=drafter,
+            draft_policy=DraftLengthPolicy(k),
+        )
+        assert [t for r in records for t in r.tokens] == plain, k

@@ -9,7 +9,16 @@ from pathlib import Path
 import torch
 
 from moespec.kernels import ExpertWeights
-from moespec.models import gpt_oss, llama, minimax_m2, mixtral, olmoe, qwen3, qwen3_moe
+from moespec.models import (
+    gpt_oss,
+    llama,
+    minimax_m2,
+    mixtral,
+    olmoe,
+    qwen3,
+    qwen3_5_moe,
+    qwen3_moe,
+)
 from moespec.models.cache import KVCache
 from moespec.models.checkpoint import CheckpointError, TensorReader, load_experts, read_json
 from moespec.models.config import ConfigError, ModelConfig, eos_ids
@@ -27,6 +36,8 @@ ARCHITECTURES: dict[str, types.ModuleType] = {
     "llama": llama,
     "gpt_oss": gpt_oss,
     "minimax_m2": minimax_m2,
+    "qwen3_5_moe_text": qwen3_5_moe,
+    "qwen3_5_moe": qwen3_5_moe,
 }
 
 DTYPES = {
@@ -114,7 +125,8 @@ def load_model(
     dtype = parse_dtype(dtype)
     layout = ARCHITECTURES[config.model_type].LAYOUT
     tokenizer = Tokenizer(path / "tokenizer.json")
-    model = _build(config, TensorReader(path), layout, dtype)
+    build = getattr(ARCHITECTURES[config.model_type], "build", _build)
+    model = build(config, TensorReader(path), layout, dtype)
     if pack:
         model.pack()
     return model, tokenizer

@@ -33,8 +33,8 @@ class ModelConfig:
     attention_bias: bool = False
     clip_qkv: float | None = None
     sliding_window: int | None = None
-    # Per layer "full_attention" or "sliding_attention" (gpt-oss); empty: every layer slides
-    # when `sliding_window` is set (Mixtral).
+    # Per layer "full_attention", "sliding_attention" (gpt-oss) or "linear_attention"
+    # (Qwen3.5's Gated DeltaNet); empty: every layer slides when `sliding_window` is set.
     layer_types: tuple[str, ...] = ()
     attention_sinks: bool = False  # a learned logit per head in each softmax (gpt-oss)
     rotary_dim: int = 0  # the leading dims of each head that rotate; 0: all (head_dim)
@@ -93,7 +93,11 @@ class ModelConfig:
                 raise ConfigError(
                     f"layer_types has {len(self.layer_types)} entries for {self.num_layers} layers"
                 )
-            unknown = set(self.layer_types) - {"full_attention", "sliding_attention"}
+            unknown = set(self.layer_types) - {
+                "full_attention",
+                "sliding_attention",
+                "linear_attention",
+            }
             if unknown:
                 raise ConfigError(f"layer_types {sorted(unknown)} are not supported")
             if "sliding_attention" in self.layer_types and not self.sliding_window:

@@ -11,7 +11,7 @@ import torch
 import torch.nn.functional as F
 
 from moespec.kernels.invariance import is_batch_invariant
-from moespec.kernels.linear import linear
+from moespec.kernels.linear import linear, pack
 from moespec.models import yarn
 from moespec.models.cache import KVCache
 from moespec.models.config import ModelConfig
@@ -111,6 +111,7 @@ class Attention:
     k_norm: torch.Tensor | None
     config: ModelConfig
     sinks: torch.Tensor | None = None  # [N] float32 logits of the attention sinks (gpt-oss)
+    output_gate: torch.Tensor | None = None  # [N D, H]: out * sigmoid(gate x) (Qwen3.5)
 
     def __post_init__(self):
         # Per-head norms of q and k as one weight [N + K, D], so both are normed in one call.
@@ -123,6 +124,21 @@ class Attention:
                     self.k_norm.expand(c.num_kv_heads, c.head_dim),
                 )
             )
+
+    def products(self) -> list:
+        """The weights of its matrix products (packed or not)."""
+        return [w for w in (self.qkv, self.o, self.output_gate) if w is not None]
+
+    def tensors(self) -> list[torch.Tensor]:
+        """Every tensor it reads (for the dense bytes D)."""
+        optional = (self.qkv_bias, self.o_bias, self.q_norm, self.k_norm, self.sinks)
+        return self.products() + [t for t in optional if t is not None]
+
+    def pack(self) -> None:
+        """Its products' weights packed for the CPU's fast path (moespec.kernels.linear)."""
+        self.qkv, self.o = pack(self.qkv), pack(self.o)
+        if self.output_gate is not None:
+            self.output_gate = pack(self.output_gate)
 
     def __call__(self, x, layer: int, cache: KVCache, cos, sin, mask):
         # x: [B, T, H]; cos, sin: [T, 1, D]; mask: [T, L] boolean or None
@@ -140,7 +156,10 @@ class Attention:
         else:
             q, k, v = self._project_separately(qkv, cos, sin)
         keys, values = cache.update(layer, k.transpose(1, 2), v.transpose(1, 2))  # [B, K, L, D]
-        return linear(attend(q, keys, values, mask, self.sinks), self.o, self.o_bias)
+        out = attend(q, keys, values, mask, self.sinks)  # [B, T, N D]
+        if self.output_gate is not None:
+            out = out * torch.sigmoid(linear(x, self.output_gate))
+        return linear(out, self.o, self.o_bias)
 
     def _project_separately(self, qkv, cos, sin):
         """q, k, v [B, T, heads, D] for norms over the whole projection (OLMoE) or clipping."""

@@ -65,6 +65,10 @@ class MoEBlock:
     router_bias: torch.Tensor | None = None  # [E], added to the logits (gpt-oss)
     selection_bias: torch.Tensor | None = None  # [E], added to the scores to choose (MiniMax-M2)
 
+    def dense_tensors(self) -> list[torch.Tensor]:
+        """The block's tensors that every pass reads once, whatever the routing."""
+        return [t for t in (self.router, self.router_bias, self.selection_bias) if t is not None]
+
     def __call__(
         self,
         x,

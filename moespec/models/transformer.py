@@ -107,7 +107,7 @@ class Transformer:
         available = torch.get_num_threads()
         products = [self.lm_head]
         for layer in self.layers:
-            products += [layer.attention.qkv, layer.attention.o]
+            products += layer.attention.products()
             if isinstance(layer.mlp, MoEBlock):
                 products += list(layer.mlp.experts.weights(0)) * layer.mlp.top_k
             else:
@@ -127,8 +127,7 @@ class Transformer:
         bytes, same results): attention, dense MLPs, the output head and every expert.
         A head tied to the embeddings is packed as a copy (the lookup needs the table)."""
         for layer in self.layers:
-            a = layer.attention
-            a.qkv, a.o = pack(a.qkv), pack(a.o)
+            layer.attention.pack()
             if isinstance(layer.mlp, MoEBlock):
                 layer.mlp.router = pack(layer.mlp.router)
                 layer.mlp.experts.pack()
@@ -146,13 +145,9 @@ class Transformer:
         )
         tensors = [self.norm, self.lm_head]
         for layer in self.layers:
-            a = layer.attention
-            tensors += [layer.input_norm, layer.post_attention_norm, a.qkv, a.o]
-            optional = (a.qkv_bias, a.o_bias, a.q_norm, a.k_norm, a.sinks)
-            tensors += [t for t in optional if t is not None]
+            tensors += [layer.input_norm, layer.post_attention_norm, *layer.attention.tensors()]
             if isinstance(layer.mlp, MoEBlock):
-                m = layer.mlp
-                tensors += [t for t in (m.router, m.router_bias, m.selection_bias) if t is not None]
+                tensors += layer.mlp.dense_tensors()
             else:
                 tensors += [layer.mlp.gate_up, layer.mlp.down]
         return {"experts": experts, "dense": sum(t.nbytes for t in tensors)}
