@@ -97,7 +97,7 @@ FAMILIES = {
     ),
 }
 
-MOE_FAMILIES = ["qwen3_moe", "olmoe", "mixtral"]
+MOE_FAMILIES = ["qwen3_moe", "olmoe", "mixtral", "qwen3_5_moe_text"]
 # Tensors that transformers initialises to zero (or near it) in these families: random in the
 # tests, so that the checkpoints exercise them (biases, sinks, score corrections).
 RANDOMISED = {

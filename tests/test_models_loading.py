@@ -121,6 +121,12 @@ def test_generation_config_adds_stop_tokens(checkpoint):
 
 
 def test_unsupported_rope_scaling_is_refused(checkpoint):
+    edit_config(checkpoint, rope_scaling={"rope_type": "longrope", "factor": 4.0})
+    with pytest.raises(CheckpointError, match="rope scaling type 'longrope' is not supported"):
+        load_model(checkpoint)
+
+
+def test_yarn_scaling_without_its_original_context_is_refused(checkpoint):
     edit_config(checkpoint, rope_scaling={"rope_type": "yarn", "factor": 4.0})
-    with pytest.raises(CheckpointError, match="rope scaling type 'yarn' is not supported"):
+    with pytest.raises(CheckpointError, match="config.json: rope scaling 'yarn' needs"):
         load_model(checkpoint)

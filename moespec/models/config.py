@@ -152,6 +152,9 @@ def rope_settings(raw: dict) -> tuple[float, dict | None]:
             )
         if kind == "default":
             scaling = None
+        needed = ("factor", "original_max_position_embeddings")
+        if kind == "yarn" and not all(scaling.get(key) for key in needed):
+            raise ConfigError(f"rope scaling 'yarn' needs {' and '.join(needed)}")
     return float(theta), scaling
 
 
