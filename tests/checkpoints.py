@@ -104,9 +104,56 @@ FAMILIES = {
         use_qk_norm=True,
         attention_bias=True,
     ),
+    # gpt-oss: a window shorter than the tests' sequences, weights large enough (0.05) that
+    # the clamp of its SwiGLU (limit 0.5) bites, YaRN as released (factor 32 over 4096).
+    "gpt_oss": dict(
+        ATTENTION,
+        head_dim=16,
+        intermediate_size=32,
+        num_local_experts=8,
+        num_experts_per_tok=2,
+        sliding_window=4,
+        swiglu_limit=0.5,
+        initializer_range=0.05,
+        max_position_embeddings=131072,
+    ),
+    # MiniMax-M2: rope on half of each head, as released (rotary_dim 64 of head_dim 128).
+    "minimax_m2": dict(
+        ATTENTION,
+        head_dim=16,
+        rotary_dim=8,
+        intermediate_size=32,
+        num_local_experts=8,
+        num_experts_per_tok=2,
+        bos_token_id=None,
+        eos_token_id=None,
+    ),
+    # Qwen3.5-MoE: three Gated DeltaNet layers, then gated full attention.
+    "qwen3_5_moe_text": dict(
+        ATTENTION,
+        num_hidden_layers=4,
+        head_dim=16,
+        moe_intermediate_size=32,
+        shared_expert_intermediate_size=48,
+        num_experts=8,
+        num_experts_per_tok=2,
+        linear_num_key_heads=2,
+        linear_num_value_heads=4,
+        linear_key_head_dim=16,
+        linear_value_head_dim=16,
+    ),
 }
 
-MOE_FAMILIES = ["qwen3_moe", "olmoe", "mixtral"]
+MOE_FAMILIES = ["qwen3_moe", "olmoe", "mixtral", "qwen3_5_moe_text"]
+# Tensors that transformers initialises to zero (or near it) in these families: random in the
+# tests, so that the checkpoints exercise them (biases, sinks, score corrections).
+# {family: (standard deviation, name endings)}
+RANDOMISED = {
+    "glm4_moe": (0.2, ("e_score_correction_bias",)),  # a choice bias that changes choices
+    "gpt_oss": (0.5, ("sinks", "router.bias", "gate_up_proj_bias", "down_proj_bias")),
+    "minimax_m2": (0.5, ("e_score_correction_bias",)),
+    "qwen3_5_moe_text": (0.5, ("norm.weight",)),  # zero-centred norms start at zero
+}
 
 
 def hf_model(model_type: str, seed: int = 0, **overrides):
@@ -121,9 +168,10 @@ def hf_model(model_type: str, seed: int = 0, **overrides):
         for name, param in model.named_parameters():
             if name.endswith(("gate.weight", "router.weight")) and param.dim() == 2:
                 param.normal_(0, 0.5)
-        for name, buffer in model.named_buffers():  # and a choice bias that changes choices
-            if name.endswith("e_score_correction_bias"):
-                buffer.normal_(0, 0.2)
+        std, names = RANDOMISED.get(model_type, (0.0, ()))
+        for name, tensor in [*model.named_parameters(), *model.named_buffers()]:
+            if name.endswith(names):
+                tensor.normal_(0, std)
     return model.eval()
 
 

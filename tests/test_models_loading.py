@@ -120,7 +120,14 @@ def test_generation_config_adds_stop_tokens(checkpoint):
     assert set(load_config(checkpoint).eos_token_ids) >= {7, 9}
 
 
-def test_unsupported_rope_scaling_is_refused(checkpoint):
-    edit_config(checkpoint, rope_scaling={"rope_type": "dynamic", "factor": 4.0})
-    with pytest.raises(CheckpointError, match="rope scaling type 'dynamic' is not supported"):
+@pytest.mark.parametrize("kind", ["dynamic", "longrope"])
+def test_unsupported_rope_scaling_is_refused(checkpoint, kind):
+    edit_config(checkpoint, rope_scaling={"rope_type": kind, "factor": 4.0})
+    with pytest.raises(CheckpointError, match=f"rope scaling type '{kind}' is not supported"):
+        load_model(checkpoint)
+
+
+def test_yarn_scaling_without_its_original_context_is_refused(checkpoint):
+    edit_config(checkpoint, rope_scaling={"rope_type": "yarn", "factor": 4.0})
+    with pytest.raises(CheckpointError, match="config.json: rope scaling 'yarn' needs"):
         load_model(checkpoint)

@@ -1,10 +1,30 @@
-"""A layer's experts held stacked: gate and up fused as [E, 2I, H], down as [E, H, I]."""
+"""A layer's experts held stacked: gate and up fused as [E, 2I, H], down as [E, H, I].
+
+Most families use plain SwiGLU experts, down(silu(gate x) * up x). gpt-oss adds a bias to each
+projection and clamps its SwiGLU (`ClampedSwiGLU`); the kernels apply both through
+`ExpertWeights.activate` and the bias tensors, so the plain path is unchanged.
+"""
 
 from dataclasses import dataclass
 
 import torch
+import torch.nn.functional as F
 
 from moespec.kernels.linear import PackedWeight, dense, pack
+
+
+@dataclass(frozen=True)
+class ClampedSwiGLU:
+    """gpt-oss's expert activation: gate clamped above at `limit`, up clamped to +-limit,
+    then (up + 1) * gate * sigmoid(alpha gate) (transformers' GptOssExperts._apply_gate)."""
+
+    alpha: float = 1.702
+    limit: float = 7.0
+
+    def __call__(self, gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
+        gate = gate.clamp(max=self.limit)
+        up = up.clamp(-self.limit, self.limit)
+        return (up + 1) * (gate * torch.sigmoid(gate * self.alpha))
 
 
 @dataclass
@@ -20,6 +40,9 @@ class ExpertWeights:
     down: torch.Tensor  # [E, H, I]
     packed_gate_up: list | None = None  # [E] PackedWeight (or tensors) after pack()
     packed_down: list | None = None
+    gate_up_bias: torch.Tensor | None = None  # [E, 2I] (gpt-oss), with down_bias
+    down_bias: torch.Tensor | None = None  # [E, H]
+    activation: ClampedSwiGLU | None = None  # None: plain SwiGLU
 
     def __post_init__(self):
         e, two_i, h = self.gate_up.shape
@@ -28,6 +51,32 @@ class ExpertWeights:
                 f"expert shapes disagree: gate_up {tuple(self.gate_up.shape)}, "
                 f"down {tuple(self.down.shape)} (want [E, 2I, H] and [E, H, I])"
             )
+        if (self.gate_up_bias is None) != (self.down_bias is None):
+            raise ValueError("expert biases come in pairs: gate_up_bias and down_bias")
+        if self.has_bias and (
+            self.gate_up_bias.shape != (e, two_i) or self.down_bias.shape != (e, h)
+        ):
+            raise ValueError(
+                f"expert bias shapes disagree: gate_up_bias {tuple(self.gate_up_bias.shape)}, "
+                f"down_bias {tuple(self.down_bias.shape)} (want [E, 2I] and [E, H])"
+            )
+
+    @property
+    def has_bias(self) -> bool:
+        return self.gate_up_bias is not None
+
+    @property
+    def is_plain_swiglu(self) -> bool:
+        """Unbiased experts with the plain SwiGLU (what the Triton kernels compute)."""
+        return not self.has_bias and self.activation is None
+
+    def activate(self, hidden: torch.Tensor) -> torch.Tensor:
+        """[R, 2I] gate/up products (biases added) -> [R, I] activations."""
+        inter = self.intermediate_size
+        gate, up = hidden[:, :inter], hidden[:, inter:]
+        if self.activation is None:
+            return F.silu(gate) * up
+        return self.activation(gate, up)
 
     @property
     def num_experts(self) -> int:
@@ -47,8 +96,11 @@ class ExpertWeights:
 
     @property
     def bytes_per_expert(self) -> int:
-        """w_l: the bytes of one expert (gate, up and down)."""
-        return (self.gate_up[0].numel() + self.down[0].numel()) * self.gate_up.element_size()
+        """w_l: the bytes of one expert (gate, up and down, with their biases if any)."""
+        elements = self.gate_up[0].numel() + self.down[0].numel()
+        if self.has_bias:
+            elements += self.gate_up_bias.shape[1] + self.down_bias.shape[1]
+        return elements * self.gate_up.element_size()
 
     @property
     def is_packed(self) -> bool:
@@ -82,7 +134,13 @@ class ExpertWeights:
     def to(self, dtype: torch.dtype) -> "ExpertWeights":
         """An unpacked copy in another dtype."""
         pairs = [self.dense_weights(e) for e in range(self.num_experts)]
+        biases = (None, None)
+        if self.has_bias:
+            biases = (self.gate_up_bias.to(dtype), self.down_bias.to(dtype))
         return ExpertWeights(
             torch.stack([g for g, _ in pairs]).to(dtype),
             torch.stack([d for _, d in pairs]).to(dtype),
+            gate_up_bias=biases[0],
+            down_bias=biases[1],
+            activation=self.activation,
         )

@@ -8,7 +8,6 @@ the deduplicating kernel one group per distinct expert.
 """
 
 import torch
-import torch.nn.functional as F
 
 from moespec.kernels.experts import ExpertWeights
 from moespec.kernels.linear import linear
@@ -17,17 +16,21 @@ from moespec.kernels.linear import linear
 def grouped_products(
     x: torch.Tensor, rows: torch.Tensor, groups: list[tuple[int, int, int]], experts: ExpertWeights
 ) -> torch.Tensor:
-    """out[r] = down_e @ SwiGLU(gate_up_e @ x[rows[r]]) for each group (e, start, stop) of rows.
+    """out[r] = down_e @ act(gate_up_e @ x[rows[r]]) for each group (e, start, stop) of rows
+    (act: ExpertWeights.activate; the experts' biases added where they have them).
 
     x: [T, H]; rows: [R] token of each row; returns [R, H].
     """
-    inter = experts.intermediate_size
     xs = x.index_select(0, rows)  # [R, H]
     weights = [experts.weights(e) for e, _, _ in groups]
     hidden = torch.cat(
         [linear(xs[a:b], gate_up) for (_, a, b), (gate_up, _) in zip(groups, weights, strict=True)]
     )  # [R, 2I]
-    act = F.silu(hidden[:, :inter]) * hidden[:, inter:]  # [R, I]
-    return torch.cat(
+    if experts.has_bias:
+        row_experts = torch.tensor([e for e, a, b in groups for _ in range(b - a)])  # [R]
+        hidden = hidden + experts.gate_up_bias[row_experts]
+    act = experts.activate(hidden)  # [R, I]
+    out = torch.cat(
         [linear(act[a:b], down) for (_, a, b), (_, down) in zip(groups, weights, strict=True)]
     )  # [R, H]
+    return out + experts.down_bias[row_experts] if experts.has_bias else out

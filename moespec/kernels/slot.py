@@ -7,7 +7,6 @@ the 2 m products plus a fixed handful of operations, whatever the number of expe
 """
 
 import torch
-import torch.nn.functional as F
 
 from moespec.kernels.experts import ExpertWeights
 from moespec.kernels.invariance import is_batch_invariant
@@ -28,11 +27,15 @@ def slot_experts(
     hidden = torch.cat(
         [linear(rows[r // top_k], gate_up) for r, (gate_up, _) in enumerate(pairs)]
     )  # [T m, 2I]
-    gate, up = hidden.chunk(2, dim=-1)
-    act = F.silu(gate) * up  # [T m, I]
+    if experts.has_bias:
+        slots = expert_ids.flatten()
+        hidden = hidden + experts.gate_up_bias[slots]
+    act = experts.activate(hidden)  # [T m, I]
     out = torch.cat(
         [linear(a, down) for a, (_, down) in zip(act.split(1), pairs, strict=True)]
     )  # [T m, H]
+    if experts.has_bias:
+        out = out + experts.down_bias[slots]
     out = out * expert_weights.to(x.dtype).view(-1, 1)
     if tokens == 1 and not is_batch_invariant():
         return out.sum(dim=0, keepdim=True)

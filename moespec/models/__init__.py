@@ -9,7 +9,18 @@ from pathlib import Path
 import torch
 
 from moespec.kernels import ExpertWeights
-from moespec.models import deepseek_v2, glm4_moe, llama, mixtral, olmoe, qwen3, qwen3_moe
+from moespec.models import (
+    deepseek_v2,
+    glm4_moe,
+    gpt_oss,
+    llama,
+    minimax_m2,
+    mixtral,
+    olmoe,
+    qwen3,
+    qwen3_5_moe,
+    qwen3_moe,
+)
 from moespec.models.cache import KVCache
 from moespec.models.checkpoint import CheckpointError, TensorReader, load_experts, read_json
 from moespec.models.config import ConfigError, ModelConfig, eos_ids
@@ -27,6 +38,10 @@ ARCHITECTURES: dict[str, types.ModuleType] = {
     "llama": llama,
     "deepseek_v2": deepseek_v2,
     "glm4_moe": glm4_moe,
+    "gpt_oss": gpt_oss,
+    "minimax_m2": minimax_m2,
+    "qwen3_5_moe_text": qwen3_5_moe,
+    "qwen3_5_moe": qwen3_5_moe,
 }
 
 DTYPES = {
@@ -122,34 +137,50 @@ def load_model(
 
 def _build(config: ModelConfig, reader: TensorReader, architecture, dtype) -> Transformer:
     c = config
-    get = reader.get
-    embed = get("model.embed_tokens.weight", (c.vocab_size, c.hidden_size), dtype)
+    base = getattr(architecture, "weights_prefix", lambda _: "model")(reader)
+    norm = getattr(architecture, "load_norm", _norm)
+    embed = reader.get(f"{base}.embed_tokens.weight", (c.vocab_size, c.hidden_size), dtype)
     if c.tie_word_embeddings or "lm_head.weight" not in reader:
         lm_head = embed
     else:
-        lm_head = get("lm_head.weight", (c.vocab_size, c.hidden_size), dtype)
-    layers = [_build_layer(c, reader, architecture, dtype, i) for i in range(c.num_layers)]
-    norm = get("model.norm.weight", (c.hidden_size,), dtype)
-    return Transformer(c, embed, layers, norm, lm_head, dtype)
+        lm_head = reader.get("lm_head.weight", (c.vocab_size, c.hidden_size), dtype)
+    layers = [
+        _build_layer(c, reader, architecture, dtype, f"{base}.layers.{i}", i)
+        for i in range(c.num_layers)
+    ]
+    final_norm = norm(reader, f"{base}.norm.weight", c.hidden_size, dtype)
+    return Transformer(c, embed, layers, final_norm, lm_head, dtype)
 
 
-def _build_layer(c: ModelConfig, reader: TensorReader, architecture, dtype, i: int) -> Layer:
-    """One decoder layer; an architecture with attention of its own (MLA) builds it with
-    its `build_attention(config, reader, prefix, dtype)`."""
-    prefix = f"model.layers.{i}"
+def _build_layer(c: ModelConfig, reader, architecture, dtype, prefix: str, i: int) -> Layer:
+    """One decoder layer. Hooks of an architecture module, each optional: `weights_prefix
+    (reader)` (where the layers are), `load_norm(reader, name, size, dtype)` (a norm weight
+    stored otherwise), `build_attention(config, reader, prefix, dtype)` (attention of its
+    own: MLA, gated), `build_linear_attention(...)` (its "linear_attention" layers) and
+    `build_moe(config, reader, prefix, layout, dtype)` (experts stored otherwise)."""
     layout = architecture.LAYOUT
-    build_attention = getattr(architecture, "build_attention", _attention)
+    norm = getattr(architecture, "load_norm", _norm)
     h = c.hidden_size
+    if c.layer_types and c.layer_types[i] == "linear_attention":
+        mixer = architecture.build_linear_attention(c, reader, f"{prefix}.linear_attn", dtype)
+    else:
+        build_attention = getattr(architecture, "build_attention", _attention)
+        mixer = build_attention(c, reader, f"{prefix}.self_attn", dtype)
     if c.moe_layers[i]:
-        mlp = _moe_block(c, reader, layout, dtype, f"{prefix}.{layout.moe_prefix}")
+        build_moe = getattr(architecture, "build_moe", _moe_block)
+        mlp = build_moe(c, reader, f"{prefix}.{layout.moe_prefix}", layout, dtype)
     else:
         mlp = _dense_mlp(reader, f"{prefix}.mlp", h, c.intermediate_size, dtype)
     return Layer(
-        input_norm=reader.get(f"{prefix}.input_layernorm.weight", (h,), dtype),
-        attention=build_attention(c, reader, f"{prefix}.self_attn", dtype),
-        post_attention_norm=reader.get(f"{prefix}.post_attention_layernorm.weight", (h,), dtype),
+        input_norm=norm(reader, f"{prefix}.input_layernorm.weight", h, dtype),
+        attention=mixer,
+        post_attention_norm=norm(reader, f"{prefix}.post_attention_layernorm.weight", h, dtype),
         mlp=mlp,
     )
+
+
+def _norm(reader: TensorReader, name: str, size: int, dtype) -> torch.Tensor:
+    return reader.get(name, (size,), dtype)
 
 
 def _attention(c: ModelConfig, reader: TensorReader, attn: str, dtype) -> Attention:
@@ -183,26 +214,29 @@ def _attention(c: ModelConfig, reader: TensorReader, attn: str, dtype) -> Attent
     elif c.qk_norm == "projection":
         q_norm = get(f"{attn}.q_norm.weight", (q_size,), dtype)
         k_norm = get(f"{attn}.k_norm.weight", (kv_size,), dtype)
+    sinks = get(f"{attn}.sinks", (c.num_heads,), dtype).float() if c.attention_sinks else None
     o = get(f"{attn}.o_proj.weight", (h, q_size), dtype)
-    return Attention(qkv, o, qkv_bias, o_bias, q_norm, k_norm, c)
+    return Attention(qkv, o, qkv_bias, o_bias, q_norm, k_norm, c, sinks)
 
 
-def _moe_block(c: ModelConfig, reader: TensorReader, layout, dtype, moe: str) -> MoEBlock:
-    """Routed experts, their router (float32 for group-limited routing, as transformers
-    keeps it) and, where the family has them, the shared experts."""
+def _moe_block(c: ModelConfig, reader: TensorReader, moe: str, layout, dtype) -> MoEBlock:
+    """Routed experts, their router (float32 for group-limited or sigmoid routing, as
+    transformers keeps it, with the correction bias where it has one) and, where the family
+    has them, the shared experts (with their gate, Qwen3.5)."""
     h = c.hidden_size
     gate_up, down = load_experts(
         reader, moe, layout, c.num_experts, h, c.moe_intermediate_size, dtype
     )
     router_dtype = dtype if c.routing is None else torch.float32
     router = reader.get(f"{moe}.{layout.router}.weight", (c.num_experts, h), router_dtype)
-    bias = shared = None
+    bias = shared = gate = None
     if c.routing is not None and c.routing.correction_bias:
-        name = f"{moe}.{layout.router}.e_score_correction_bias"
-        bias = reader.get(name, (c.num_experts,), torch.float32)
+        bias = reader.get(f"{moe}.{layout.correction_bias}", (c.num_experts,), torch.float32)
     if c.shared_experts:
-        inter = c.shared_experts * c.moe_intermediate_size
-        shared = _dense_mlp(reader, f"{moe}.shared_experts", h, inter, dtype)
+        inter = c.shared_intermediate_size
+        shared = _dense_mlp(reader, f"{moe}.{layout.shared_experts}", h, inter, dtype)
+        if layout.shared_gate:
+            gate = reader.get(f"{moe}.{layout.shared_gate}.weight", (1, h), dtype)
     return MoEBlock(
         router=router,
         experts=ExpertWeights(gate_up, down),
@@ -211,6 +245,7 @@ def _moe_block(c: ModelConfig, reader: TensorReader, layout, dtype, moe: str) ->
         routing=c.routing,
         correction_bias=bias,
         shared=shared,
+        shared_gate=gate,
     )
 
 

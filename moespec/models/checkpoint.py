@@ -27,6 +27,9 @@ class WeightLayout:
     moe_prefix: str = "mlp"  # Mixtral: "block_sparse_moe"
     router: str = "gate"
     expert_projections: tuple[str, str, str] = ("gate_proj", "up_proj", "down_proj")
+    correction_bias: str = "gate.e_score_correction_bias"  # MiniMax-M2: on the block
+    shared_experts: str = "shared_experts"  # Qwen3.5: "shared_expert"
+    shared_gate: str | None = None  # Qwen3.5: "shared_expert_gate", sigmoid(gate x) on them
 
 
 def read_json(path: Path) -> dict:
@@ -83,6 +86,24 @@ class TensorReader:
 
     def get(self, name: str, shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
         """The tensor `name`, checked against `shape`, converted to `dtype`."""
+        path, tensor = self._read(name, shape)
+        if tensor.dtype not in FLOAT_DTYPES:
+            raise CheckpointError(
+                f"{path}: tensor {name!r} has dtype {tensor.dtype}; expected float32, "
+                "float16 or bfloat16"
+            )
+        return tensor.to(dtype)
+
+    def get_bytes(self, name: str, shape: tuple[int, ...]) -> torch.Tensor:
+        """The uint8 tensor `name` (packed quantized weights or their scales), checked."""
+        path, tensor = self._read(name, shape)
+        if tensor.dtype != torch.uint8:
+            raise CheckpointError(
+                f"{path}: tensor {name!r} has dtype {tensor.dtype}; expected uint8"
+            )
+        return tensor
+
+    def _read(self, name: str, shape: tuple[int, ...]) -> tuple[Path, torch.Tensor]:
         if name not in self.file_of:
             raise CheckpointError(f"tensor {name!r} is missing from {self._where()}")
         path = self.file_of[name]
@@ -90,16 +111,11 @@ class TensorReader:
             tensor = self._open(path).get_tensor(name)
         except (SafetensorError, OSError, ValueError, RuntimeError) as error:
             raise CheckpointError(f"{path}: tensor {name!r} cannot be read: {error}") from None
-        if tensor.dtype not in FLOAT_DTYPES:
-            raise CheckpointError(
-                f"{path}: tensor {name!r} has dtype {tensor.dtype}; expected float32, "
-                "float16 or bfloat16"
-            )
         if tuple(tensor.shape) != tuple(shape):
             raise CheckpointError(
                 f"{path}: tensor {name!r} has shape {list(tensor.shape)}, expected {list(shape)}"
             )
-        return tensor.to(dtype)
+        return path, tensor
 
     def _where(self) -> str:
         files = sorted({p.name for p in self.file_of.values()})

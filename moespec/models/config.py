@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 QkNorm = Literal["none", "head", "projection"]
-RouterScoring = Literal["softmax", "sigmoid"]
+RouterScoring = Literal["softmax", "softmax_topk", "sigmoid"]
 GroupScore = Literal["max", "top2"]
 
 
@@ -37,7 +37,9 @@ class GroupRouting:
     best expert, "max", or its two best, "top2"), then its top-k experts within them.
     Weights are the scores of the chosen experts (renormalised if asked) times `scale`.
     groups = top_groups = 1 is plain top-k. `correction_bias`: sigmoid routers add a
-    per-expert bias to the scores for choosing only (GLM-4.5's e_score_correction_bias)."""
+    per-expert bias to the scores for choosing only (GLM-4.5's e_score_correction_bias;
+    MiniMax-M2's, with one group). "softmax_topk": softmax over the top k logits alone
+    (gpt-oss), one group, no correction bias."""
 
     scoring: RouterScoring = "softmax"
     groups: int = 1
@@ -65,6 +67,10 @@ class ModelConfig:
     attention_bias: bool = False
     clip_qkv: float | None = None
     sliding_window: int | None = None
+    # Per layer "full_attention", "sliding_attention" (gpt-oss) or "linear_attention"
+    # (Qwen3.5's Gated DeltaNet); empty: every layer slides when `sliding_window` is set.
+    layer_types: tuple[str, ...] = ()
+    attention_sinks: bool = False  # a learned logit per head in each softmax (gpt-oss)
     tie_word_embeddings: bool = False
     intermediate_size: int = 0  # dense MLP layers
     num_experts: int = 0  # 0: a dense model
@@ -75,6 +81,7 @@ class ModelConfig:
     moe_layers: tuple[bool, ...] = ()
     routing: GroupRouting | None = None  # None: softmax over all experts, top-k
     shared_experts: int = 0  # experts every token uses, beside the routed ones
+    shared_expert_size: int = 0  # their intermediate size together; 0: the routed ones' each
     rotary_dim: int = 0  # dimensions of each head that rotate (0: all of head_dim)
     latent_attention: LatentAttentionConfig | None = None
     bos_token_id: int | None = None
@@ -121,11 +128,28 @@ class ModelConfig:
             )
         if self.routing is not None and self.is_moe:
             check_group_routing(self.routing, self.num_experts, self.top_k)
+        if self.layer_types:
+            check_layer_types(self.layer_types, self.num_layers, self.sliding_window)
 
     @property
     def rotary_dims(self) -> int:
         """Dimensions of each head that rotate."""
         return self.rotary_dim or self.head_dim
+
+    @property
+    def shared_intermediate_size(self) -> int:
+        """The intermediate size of the shared experts as one SwiGLU MLP."""
+        return self.shared_expert_size or self.shared_experts * self.moe_intermediate_size
+
+    @property
+    def attention_windows(self) -> tuple[int | None, ...]:
+        """The sliding window of each layer's attention (None: full attention)."""
+        if not self.layer_types:
+            return (self.sliding_window,) * self.num_layers
+        return tuple(
+            self.sliding_window if kind == "sliding_attention" else None
+            for kind in self.layer_types
+        )
 
     @property
     def is_moe(self) -> bool:
@@ -149,6 +173,21 @@ def check_group_routing(routing: GroupRouting, num_experts: int, top_k: int) -> 
         )
     if r.group_score == "top2" and num_experts // r.groups < 2:
         raise ConfigError("a group scored by its two best experts needs at least 2 experts")
+    if r.scoring == "softmax_topk" and (r.groups > 1 or r.correction_bias):
+        raise ConfigError("a softmax over the top-k logits takes no groups or correction bias")
+
+
+LAYER_TYPES = ("full_attention", "sliding_attention", "linear_attention")
+
+
+def check_layer_types(types: tuple[str, ...], num_layers: int, window: int | None) -> None:
+    if len(types) != num_layers:
+        raise ConfigError(f"layer_types has {len(types)} entries for {num_layers} layers")
+    unknown = set(types) - set(LAYER_TYPES)
+    if unknown:
+        raise ConfigError(f"layer_types {sorted(unknown)} are not supported")
+    if "sliding_attention" in types and not window:
+        raise ConfigError("sliding_attention layers need a sliding_window")
 
 
 def require(raw: dict, *keys: str, source: str = "config.json"):
@@ -181,10 +220,12 @@ def rope_settings(raw: dict) -> tuple[float, dict | None]:
             )
         if kind == "default":
             scaling = None
-        elif kind == "yarn":  # transformers: the top-level key first, then the context
+        elif kind == "yarn":  # transformers: the top-level key first, then the scaling's
             original = raw.get("original_max_position_embeddings") or scaling.get(
-                "original_max_position_embeddings", raw.get("max_position_embeddings")
+                "original_max_position_embeddings"
             )
+            if not original:  # transformers would take max_position_embeddings: factor 1
+                raise ConfigError("rope scaling 'yarn' needs original_max_position_embeddings")
             scaling = {**scaling, "original_max_position_embeddings": original}
     return float(theta), scaling
 
@@ -201,11 +242,18 @@ def eos_ids(*values) -> tuple[int, ...]:
     return tuple(ids)
 
 
-def common_fields(raw: dict) -> dict:
-    """The keys every family shares, under their usual Hugging Face names."""
+def common_fields(raw: dict, partial_rotary: float = 1.0) -> dict:
+    """The keys every family shares, under their usual Hugging Face names.
+
+    The rotary dims are `partial_rotary_factor` (top level, else in `rope_parameters`, else
+    the family's `partial_rotary`) of head_dim, as transformers takes them."""
     hidden = int(require(raw, "hidden_size"))
     heads = int(require(raw, "num_attention_heads"))
     theta, scaling = rope_settings(raw)
+    head_dim = int(optional(raw, "head_dim", default=hidden // heads))
+    partial = optional(raw, "partial_rotary_factor", default=None)
+    if partial is None:
+        partial = (raw.get("rope_parameters") or {}).get("partial_rotary_factor", partial_rotary)
     return {
         "model_type": raw["model_type"],
         "vocab_size": int(require(raw, "vocab_size")),
@@ -213,7 +261,8 @@ def common_fields(raw: dict) -> dict:
         "num_layers": int(require(raw, "num_hidden_layers")),
         "num_heads": heads,
         "num_kv_heads": int(optional(raw, "num_key_value_heads", default=heads)),
-        "head_dim": int(optional(raw, "head_dim", default=hidden // heads)),
+        "head_dim": head_dim,
+        "rotary_dim": int(head_dim * float(partial)),
         "rms_norm_eps": float(optional(raw, "rms_norm_eps", default=1e-6)),
         "rope_theta": theta,
         "rope_scaling": scaling,

@@ -39,6 +39,7 @@ def parse_config(raw: dict) -> ModelConfig:
     fields = common_fields(raw)
     # head_dim is the rotary part, as in transformers: what Rotary and the rope scaling see.
     fields["head_dim"] = int(require(raw, "qk_rope_head_dim"))
+    fields["rotary_dim"] = 0  # all of it
     dense = int(optional(raw, "first_k_dense_replace", default=0))
     return ModelConfig(
         **fields,

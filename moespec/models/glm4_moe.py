@@ -14,16 +14,11 @@ LAYOUT = WeightLayout()
 
 
 def parse_config(raw: dict) -> ModelConfig:
-    fields = common_fields(raw)
-    rope = raw.get("rope_parameters") or {}
-    partial = float(
-        optional(raw, "partial_rotary_factor", default=rope.get("partial_rotary_factor", 0.5))
-    )
+    fields = common_fields(raw, partial_rotary=0.5)
     dense = int(optional(raw, "first_k_dense_replace", default=1))
     return ModelConfig(
         **fields,
         qk_norm="head" if raw.get("use_qk_norm") else "none",
-        rotary_dim=int(fields["head_dim"] * partial),
         intermediate_size=int(optional(raw, "intermediate_size", default=0)),
         num_experts=int(require(raw, "n_routed_experts", "num_local_experts")),
         top_k=int(require(raw, "num_experts_per_tok")),

@@ -138,7 +138,8 @@ class Rotary:
 
 def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
     """Rotary embedding of x [..., T, heads, D] with Rotary.tables' signed (cos, sin); with
-    R < D rotary dimensions (partial rotary, GLM-4.5) the last D - R pass unchanged."""
+    R < D rotary dimensions (partial rotary: GLM-4.5, MiniMax-M2, Qwen3.5) the last D - R
+    pass unchanged."""
     dim = cos.shape[-1]
     if dim < x.shape[-1]:
         return torch.cat((rotate(x[..., :dim], cos, sin), x[..., dim:]), dim=-1)
@@ -147,7 +148,8 @@ def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tenso
 
 @dataclass
 class Attention:
-    """Grouped-query attention with a KV cache; q, k and v fused into one projection."""
+    """Grouped-query attention with a KV cache; q, k and v fused into one projection;
+    optionally a sink logit per head (gpt-oss) and a sigmoid gate on the output (Qwen3.5)."""
 
     qkv: torch.Tensor  # [(N + 2K) D, H] (or packed: moespec.kernels.linear)
     o: torch.Tensor  # [H, N D]
@@ -156,6 +158,8 @@ class Attention:
     q_norm: torch.Tensor | None  # [D] per head, or [N D] over the projection
     k_norm: torch.Tensor | None
     config: ModelConfig
+    sinks: torch.Tensor | None = None  # [N] float32 logits of the attention sinks (gpt-oss)
+    output_gate: torch.Tensor | None = None  # [N D, H]: out * sigmoid(gate x) (Qwen3.5)
 
     def __post_init__(self):
         # Per-head norms of q and k as one weight [N + K, D], so both are normed in one call.
@@ -185,7 +189,10 @@ class Attention:
         else:
             q, k, v = self._project_separately(qkv, cos, sin)
         keys, values = cache.update(layer, k.transpose(1, 2), v.transpose(1, 2))  # [B, K, L, D]
-        return linear(attend(q, keys, values, mask), self.o, self.o_bias)
+        out = attend(q, keys, values, mask, sinks=self.sinks)  # [B, T, N D]
+        if self.output_gate is not None:
+            out = out * torch.sigmoid(linear(x, self.output_gate))
+        return linear(out, self.o, self.o_bias)
 
     def new_cache(self, num_layers: int, batch: int, dtype, capacity: int) -> KVCache:
         c = self.config
@@ -193,15 +200,17 @@ class Attention:
 
     def tensors(self) -> list:
         """Every weight of the layer's attention (what a pass reads once)."""
-        optional = (self.qkv_bias, self.o_bias, self.q_norm, self.k_norm)
-        return [self.qkv, self.o, *(t for t in optional if t is not None)]
+        optional = (self.qkv_bias, self.o_bias, self.q_norm, self.k_norm, self.sinks)
+        return [*self.products(), *(t for t in optional if t is not None)]
 
     def products(self) -> list:
         """The weights of its matrix products."""
-        return [self.qkv, self.o]
+        return [w for w in (self.qkv, self.o, self.output_gate) if w is not None]
 
     def pack(self) -> None:
         self.qkv, self.o = pack(self.qkv), pack(self.o)
+        if self.output_gate is not None:
+            self.output_gate = pack(self.output_gate)
 
     def _project_separately(self, qkv, cos, sin):
         """q, k, v [B, T, heads, D] for norms over the whole projection (OLMoE) or clipping."""
@@ -227,9 +236,12 @@ class Attention:
         return rotate(q, cos, sin), rotate(k, cos, sin), v
 
 
-def attend(q: torch.Tensor, keys, values, mask, scale: float | None = None) -> torch.Tensor:
+def attend(
+    q: torch.Tensor, keys, values, mask, scale: float | None = None, sinks=None
+) -> torch.Tensor:
     """Scaled dot-product attention of q [B, T, N, D] over the cache's keys [B, K, L, D] and
-    values [B, K, L, Dv]; returns [B, T, N Dv]. scale: of the scores (default 1/sqrt(D)).
+    values [B, K, L, Dv]; returns [B, T, N Dv]. scale: of the scores (default 1/sqrt(D));
+    sinks: [N] logits of attention sinks, or None.
 
     In reduced precision the library's grouped-query path is slow on CPU (4-6x at T = 1), so
     the G = N / K query heads sharing a key head are laid out as G T query rows of that head
@@ -238,7 +250,9 @@ def attend(q: torch.Tensor, keys, values, mask, scale: float | None = None) -> t
     batch, tokens, heads, _ = q.shape
     dim = values.shape[-1]
     if tokens > 1 and is_batch_invariant():
-        return _attend_rows(q, keys, values, mask, scale)
+        return _attend_rows(q, keys, values, mask, scale, sinks)
+    if sinks is not None:
+        return attend_with_sinks(q, keys, values, mask, sinks, scale)
     kv_heads = keys.shape[1]
     group = heads // kv_heads
     if q.dtype == torch.float32 or group == 1:
@@ -259,7 +273,26 @@ def attend(q: torch.Tensor, keys, values, mask, scale: float | None = None) -> t
     return out.reshape(batch, tokens, heads * dim)
 
 
-def _attend_rows(q, keys, values, mask, scale=None) -> torch.Tensor:
+def attend_with_sinks(q, keys, values, mask, sinks, scale=None) -> torch.Tensor:
+    """Attention whose softmax over each query's keys also holds its head's sink logit s_n,
+    a key of value zero: p_j = exp(z_j) / (exp(s_n) + sum_i exp(z_i)) (gpt-oss; transformers'
+    eager_attention_forward). Shapes as in `attend`; head n reads key head n // G."""
+    batch, tokens, heads, dim = q.shape
+    kv_heads = keys.shape[1]
+    group = heads // kv_heads
+    scale = dim**-0.5 if scale is None else scale
+    rows = q.view(batch, tokens, kv_heads, group, dim).permute(0, 2, 3, 1, 4)  # [B, K, G, T, D]
+    scores = rows @ keys.unsqueeze(2).transpose(-1, -2) * scale  # [B, K, G, T, L]
+    if mask is not None:
+        scores = scores.masked_fill(~mask, float("-inf"))
+    sink = sinks.view(1, kv_heads, group, 1, 1).expand(batch, -1, -1, tokens, 1)
+    logits = torch.cat((scores.float(), sink.float()), dim=-1)
+    probs = torch.softmax(logits, dim=-1)[..., :-1].to(values.dtype)  # the sink is dropped
+    out = probs @ values.unsqueeze(2)  # [B, K, G, T, Dv]
+    return out.permute(0, 3, 1, 2, 4).reshape(batch, tokens, heads * values.shape[-1])
+
+
+def _attend_rows(q, keys, values, mask, scale=None, sinks=None) -> torch.Tensor:
     """Each query row as a one-token pass computes it: over exactly the keys it sees, with
     the mask a one-token pass has (none where it sees them all): batch-invariant attention."""
     tokens = q.shape[1]
@@ -271,7 +304,7 @@ def _attend_rows(q, keys, values, mask, scale=None) -> torch.Tensor:
         if row_mask is not None and bool(row_mask.all()):
             row_mask = None
         rows.append(
-            attend(q[:, i : i + 1], keys[:, :, :seen], values[:, :, :seen], row_mask, scale)
+            attend(q[:, i : i + 1], keys[:, :, :seen], values[:, :, :seen], row_mask, scale, sinks)
         )
     return torch.cat(rows, dim=1)
 

@@ -21,7 +21,8 @@ from moespec.models.moe import ExpertExecutor, MoEBlock, RoutingSink
 @dataclass
 class Layer:
     input_norm: torch.Tensor
-    attention: Attention  # or deepseek_v2.LatentAttention: the same call, cache and weights API
+    # or deepseek_v2.LatentAttention, deltanet.GatedDeltaNet: the same call and weights API
+    attention: Attention
     post_attention_norm: torch.Tensor
     mlp: MoEBlock | DenseMLP
 
@@ -52,7 +53,8 @@ class Transformer:
 
     def new_cache(self, batch: int = 1, capacity: int = 256) -> KVCache:
         """The cache the attention keeps (keys and values, or MLA's compressed rows)."""
-        attention = self.layers[0].attention
+        # the first attention layer's: Gated DeltaNet layers keep their state beside it
+        attention = next(x.attention for x in self.layers if hasattr(x.attention, "new_cache"))
         return attention.new_cache(self.config.num_layers, batch, self.dtype, capacity)
 
     @torch.inference_mode()
@@ -95,11 +97,13 @@ class Transformer:
             pass_threads(cache.layer_bytes(start + length)),
         ):
             cos, sin = self.rotary.tables(start, length)
-            mask = attention_mask(start, length, self.config.sliding_window)
+            windows = self.config.attention_windows  # per layer: full or sliding attention
+            masks = {w: attention_mask(start, length, w) for w in set(windows)}
             eps = self.config.rms_norm_eps
             h = F.embedding(tokens, self.embed)  # [B, T, H], a fresh tensor: added to in place
             for i, layer in enumerate(self.layers):
-                h += layer.attention(rms_norm(h, layer.input_norm, eps), i, cache, cos, sin, mask)
+                x = rms_norm(h, layer.input_norm, eps)
+                h += layer.attention(x, i, cache, cos, sin, masks[windows[i]])
                 x = rms_norm(h, layer.post_attention_norm, eps)
                 h += layer.mlp(x, kernel=kernel, layer=i, sink=routing_sink, offload=offload)
             cache.advance(length)
@@ -144,15 +148,14 @@ class Transformer:
         reads only its tokens' rows, unless it is tied to the head). `shared_experts` and
         `dense_mlp` are the parts of D that shared experts and dense layers' MLPs make."""
         experts = sum(
-            b.experts.gate_up.nbytes + b.experts.down.nbytes for b in self.moe_blocks.values()
+            b.experts.num_experts * b.experts.bytes_per_expert for b in self.moe_blocks.values()
         )
         tensors, shared, dense_mlp = [self.norm, self.lm_head], 0, 0
         for layer in self.layers:
             tensors += [layer.input_norm, layer.post_attention_norm, *layer.attention.tensors()]
             if isinstance(layer.mlp, MoEBlock):
                 tensors += layer.mlp.dense_tensors()
-                if layer.mlp.shared is not None:
-                    shared += sum(t.nbytes for t in layer.mlp.shared.tensors())
+                shared += sum(t.nbytes for t in layer.mlp.shared_tensors())
             else:
                 tensors += layer.mlp.tensors()
                 dense_mlp += sum(t.nbytes for t in layer.mlp.tensors())

@@ -24,7 +24,8 @@ def available() -> bool:
 def fits(x: torch.Tensor, expert_ids: torch.Tensor, experts) -> bool:
     """Whether the Triton kernels take this pass, wherever its tensors are."""
     return (
-        experts.gate_up.device == x.device
+        experts.is_plain_swiglu  # the Triton kernels compute the plain, unbiased SwiGLU
+        and experts.gate_up.device == x.device
         and x.dtype == experts.dtype
         and x.dtype in DTYPES
         and expert_ids.shape[0] <= MAX_TOKENS

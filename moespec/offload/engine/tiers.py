@@ -184,6 +184,11 @@ class ExpertStore:
         if not layers:
             raise ValueError("the model has no MoE layer to offload")
         first = layers[0]
+        if not all(w.is_plain_swiglu for w in layers):
+            raise ValueError(
+                "offloading runs plain SwiGLU experts only: these have biases or a clamped "
+                "SwiGLU (gpt-oss), which its expert slots do not hold"
+            )
         shape = (first.gate_up.shape, first.down.shape, first.dtype)
         for i, w in enumerate(layers):
             if (w.gate_up.shape, w.down.shape, w.dtype) != shape:
