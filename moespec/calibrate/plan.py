@@ -158,6 +158,7 @@ def plan_chain(
     draft_dir: Path | None = None,
     trace_path: Path | None = None,
     dtype: str = "bf16",
+    weights: str | None = None,
     settings: BenchSettings | None = None,
     windows: int = 12,
     bench_layers: list[int] | None = None,
@@ -176,7 +177,7 @@ def plan_chain(
     if plan_path.exists() and not force:
         raise FileExistsError(f"{plan_path} already exists (pass --force to overwrite it)")
     progress.start(f"loading {model_dir}")
-    model, tokenizer = load_model(model_dir, dtype=dtype)
+    model, tokenizer = load_model(model_dir, dtype=dtype, weights=weights)
     config = model.config
     if not config.is_moe:
         raise ValueError(f"{model_dir} is not an MoE model: there is no expert operation to plan")
@@ -208,7 +209,7 @@ def plan_chain(
         config.top_k,
         settings,
         windows_ids,
-        {"model": config.name, "dtype": dtype},
+        {"model": config.name, "dtype": dtype, **({"weights": weights} if weights else {})},
         out_dir,
         progress,
         force,
@@ -283,6 +284,7 @@ def plan_chain(
         "device": "cpu",
         "versions": {"moespec": moespec.__version__, "torch": torch.__version__},
         "threads": torch.get_num_threads(),
+        "weights": weight_provenance(model.expert_format, model.dtype, expert_bytes),
         "bench": {
             "settings": asdict(settings),
             "layers": layers,
@@ -356,13 +358,28 @@ def load_plan(path: Path, config=None) -> dict:
     return plan
 
 
-def random_experts(shape, dtype: torch.dtype, seed: int = 0) -> ExpertWeights:
-    """One layer of random experts of a named shape's real dimensions."""
+def weight_provenance(expert_format, dtype, expert_bytes: list[int]) -> dict:
+    """The plan's weight formats and product paths (moespec.kernels.cpu), with w_l as held
+    and the byte factor f_l (seed 000 Table 6): both kernels read each expert's held bytes
+    (int8 values and scales, or the dtype's) once per read, so f_l = 1 in either format."""
+    from moespec.kernels.cpu import weight_paths
+
+    return {**weight_paths(expert_format, dtype), "expert_bytes": expert_bytes, "byte_factor": 1}
+
+
+def random_experts(
+    shape, dtype: torch.dtype, seed: int = 0, weights: str | None = None
+) -> ExpertWeights:
+    """One layer of random experts of a named shape's real dimensions (int8 with
+    weights="int8"), held as a loaded model holds them."""
     generator = torch.Generator().manual_seed(seed)
     e, h, i = shape.num_experts, shape.hidden_size, shape.expert_intermediate_size
     gate_up = (torch.randn(e, 2 * i, h, generator=generator) * 0.02).to(dtype)
     down = (torch.randn(e, h, i, generator=generator) * 0.02).to(dtype)
-    return ExpertWeights(gate_up, down).pack()  # as a loaded model holds them
+    experts = ExpertWeights(gate_up, down)
+    if weights == "int8":
+        return experts.quantize_int8()
+    return experts.pack()
 
 
 def make_shape_plan(out_dir: Path, *, progress: Progress | bool = True, **options) -> dict:
@@ -378,6 +395,7 @@ def shape_plan_chain(
     shape_name: str,
     reuse2: float | None = None,
     dtype: str = "bf16",
+    weights: str | None = None,
     settings: BenchSettings | None = None,
     windows: int = 12,
     tokens: int = 20000,
@@ -414,21 +432,22 @@ def shape_plan_chain(
     )
     layer = 0
     progress.start(f"making one layer of {shape.name}'s experts")
-    experts = random_experts(shape, parse_dtype(dtype), settings.seed)
+    experts = random_experts(shape, parse_dtype(dtype), settings.seed, weights)
+    expert_bytes = experts.bytes_per_expert
     windows_ids = windows_by_layer(trace, [layer], settings.pass_sizes, windows, settings.seed)
     records, kernels, dedup_kernel, fits, errors, bandwidths = bench_and_fit(
         {layer: experts},
         shape.top_k,
         settings,
         windows_ids,
-        {"shape": shape.name, "dtype": dtype},
+        {"shape": shape.name, "dtype": dtype, **({"weights": weights} if weights else {})},
         out_dir,
         progress,
         force,
     )
     max_n = max(settings.pass_sizes)
     routing = estimate(document_statistics(trace, max_n), bootstrap=0)
-    per_layer = times_from_fits(fits, routing.union, [shape.bytes_per_expert], shape.top_k)
+    per_layer = times_from_fits(fits, routing.union, [expert_bytes], shape.top_k)
     for kernel in per_layer:  # a one-token pass runs the per-slot kernel whatever the switch
         per_layer[kernel][:, 0] = per_layer["slot"][:, 0]
     # Every MoE layer has the same expert shape and (synthetic) routing law: sum L of them.
@@ -443,6 +462,7 @@ def shape_plan_chain(
         "device": "cpu",
         "versions": {"moespec": moespec.__version__, "torch": torch.__version__},
         "threads": torch.get_num_threads(),
+        "weights": weight_provenance(experts.format, experts.dtype, [expert_bytes]),
         "bench": {
             "settings": asdict(settings),
             "layers": [layer],

@@ -17,6 +17,7 @@ COMMANDS = {
     "reuse": "moespec.cli.reuse",
     "synth-trace": "moespec.cli.synth_trace",
     "serve": "moespec.cli.serve",
+    "env": "moespec.cli.env",
 }
 
 

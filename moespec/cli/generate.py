@@ -27,6 +27,7 @@ import sys
 
 from moespec.cli.options import (
     add_dtype,
+    add_weights,
     checkpoint_dir,
     existing_file,
     non_negative_int,
@@ -34,6 +35,7 @@ from moespec.cli.options import (
     number_in,
     positive_int,
     positive_number,
+    resolve_weights,
 )
 
 HELP = "generate text (streamed), speculating with a draft, the kernel chosen per pass"
@@ -102,6 +104,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "its verify times the draft-length policy's V(k)",
     )
     add_dtype(parser)
+    add_weights(parser)
     parser.add_argument(
         "--batch-invariant",
         default="on",
@@ -186,6 +189,9 @@ def parse_draft_length(text: str) -> int | str:
 
 
 def run(args: argparse.Namespace) -> int:
+    weights = resolve_weights(args)
+    if weights is not None and args.offload is not None:
+        raise ValueError("--weights int8 runs the experts in memory: it does not take --offload")
     import torch
 
     from moespec.decoding import KernelPolicy, Sampler, generate, summarize
@@ -193,6 +199,7 @@ def run(args: argparse.Namespace) -> int:
     from moespec.decoding.repetition import stop_repetition
     from moespec.decoding.setup import draft_name, greedy_reference, speculation_factory
     from moespec.demo import describe
+    from moespec.kernels.cpu import weight_paths
     from moespec.models import StreamingDetokenizer, load_model
     from moespec.models.context import fit_context
 
@@ -211,7 +218,9 @@ def run(args: argparse.Namespace) -> int:
             args.draft = f"auto:{demo_draft}"
     if args.draft == "none":
         args.draft = None
-    model, tokenizer = load_model(args.model, dtype=args.dtype, pack=args.offload is None)
+    model, tokenizer = load_model(
+        args.model, dtype=args.dtype, pack=args.offload is None, weights=weights
+    )
     model.batch_invariant = args.batch_invariant == "on"
     plan = None
     if args.plan:
@@ -317,6 +326,7 @@ def run(args: argparse.Namespace) -> int:
                     "tokens": tokens,
                     "text": tokenizer.decode(tokens),
                     "threads": model.thread_plan(),
+                    "weights": weight_paths(model.expert_format, model.dtype),
                     "batch_invariant": model.batch_invariant,
                     **summary,
                     "steps": [r.to_dict() for r in records],

@@ -135,12 +135,25 @@ class Transformer:
         self.lm_head = pack(self.lm_head)
         return self
 
+    def quantize_experts(self) -> "Transformer":
+        """Every MoE layer's experts to int8 with per-output-channel scales (in place;
+        moespec.kernels.quant). Attention, routers, dense MLPs and the head keep the dtype."""
+        for block in self.moe_blocks.values():
+            block.experts.quantize_int8()
+        return self
+
+    @property
+    def expert_format(self) -> str | None:
+        """The experts' weight format ("int8", "bf16", ...); None for a dense model."""
+        blocks = list(self.moe_blocks.values())
+        return blocks[0].experts.format if blocks else None
+
     def parameter_bytes(self) -> dict[str, int]:
         """Bytes of the weights: all experts, and the dense bytes D every pass reads once
         (attention, norms, routers, dense MLPs, the output head; not the embedding table,
         of which a pass reads only its tokens' rows, unless it is tied to the head)."""
         experts = sum(
-            b.experts.gate_up.nbytes + b.experts.down.nbytes for b in self.moe_blocks.values()
+            b.experts.num_experts * b.experts.bytes_per_expert for b in self.moe_blocks.values()
         )
         tensors = [self.norm, self.lm_head]
         for layer in self.layers:
