@@ -4,6 +4,7 @@ import json
 
 import numpy as np
 import pytest
+import torch
 
 from moespec.calibrate.bench import BenchSettings, ExpertOpBenchmark, load_raw
 from moespec.calibrate.plan import load_plan, make_plan
@@ -113,6 +114,10 @@ def test_plan_writes_a_complete_plan_and_report(plan_dir):
     assert len(plan["verify_time"]) == 4 and len(plan["step_times"]) == 4
     assert set(plan["predictions"]) == {"prediction", "measured_time", "calibrated"}
     assert plan["fits"]["slot"]["passes"] > 0 and plan["bandwidth_error"] >= 0
+    weights = plan["weights"]  # provenance: formats, product paths, the CPU behind them
+    assert weights["experts"] == "fp32" and weights["byte_factor"] == 1
+    assert weights["cpu"]["capability"] == torch.backends.cpu.get_cpu_capability()
+    assert weights["expert_bytes"] == [(2 * 32 * 64 + 64 * 32) * 4] * 2  # w_l, 2 MoE layers
     written = write_report(plan, out)
     assert all(p.exists() for p in written)
     assert "Kernel switch" in (out / "report.md").read_text()
