@@ -125,21 +125,23 @@ def test_batch_invariant_int8_kernels_give_each_row_its_one_row_bits(kernel):
             assert torch.equal(run(x[:n], ids[:n], weights[:n], experts), alone[:n]), n
 
 
+@pytest.mark.parametrize("weights", ["int8", "int8-experts"])
 @pytest.mark.parametrize("dtype", ["fp32", "bf16"])
-def test_int8_model_logits_stay_close_to_the_float_model(checkpoint_dir, dtype):
+def test_int8_model_logits_stay_close_to_the_float_model(checkpoint_dir, dtype, weights):
     from moespec.models import load_model
 
     directory, _ = checkpoint_dir("qwen3_moe")
     plain, _ = load_model(directory, dtype)
-    int8, _ = load_model(directory, dtype, weights="int8")
+    int8, _ = load_model(directory, dtype, weights=weights)
     assert int8.expert_format == "int8" and plain.expert_format == dtype
+    assert int8.dense_format == ("int8" if weights == "int8" else dtype)
     assert int8.parameter_bytes()["experts"] < 0.6 * plain.parameter_bytes()["experts"]
     tokens = torch.arange(1, 17)
     expected = plain(tokens, plain.new_cache(), all_logits=True)
     for kernel in ("slot", "dedup"):
         got = int8(tokens, int8.new_cache(), all_logits=True, kernel=kernel)
-        # experts off by half a quantization step per weight: logits move by ~1e-3 of their
-        # scale here; 2% bounds that with room and fails on a wrong scale or layout
+        # weights off by half a quantization step each: logits move by ~1e-3 of their scale
+        # here; 2% bounds that with room and fails on a wrong scale or layout
         assert (got - expected).abs().max() <= 0.02 * expected.abs().max(), kernel
 
 

@@ -284,7 +284,7 @@ def plan_chain(
         "device": "cpu",
         "versions": {"moespec": moespec.__version__, "torch": torch.__version__},
         "threads": torch.get_num_threads(),
-        "weights": weight_provenance(model.expert_format, model.dtype, expert_bytes),
+        "weights": weight_provenance(model.expert_format, model.dense_format, expert_bytes),
         "bench": {
             "settings": asdict(settings),
             "layers": layers,
@@ -358,13 +358,14 @@ def load_plan(path: Path, config=None) -> dict:
     return plan
 
 
-def weight_provenance(expert_format, dtype, expert_bytes: list[int]) -> dict:
+def weight_provenance(expert_format, dense_format, expert_bytes: list[int]) -> dict:
     """The plan's weight formats and product paths (moespec.kernels.cpu), with w_l as held
     and the byte factor f_l (seed 000 Table 6): both kernels read each expert's held bytes
     (int8 values and scales, or the dtype's) once per read, so f_l = 1 in either format."""
     from moespec.kernels.cpu import weight_paths
 
-    return {**weight_paths(expert_format, dtype), "expert_bytes": expert_bytes, "byte_factor": 1}
+    paths = weight_paths(expert_format, dense_format)
+    return {**paths, "expert_bytes": expert_bytes, "byte_factor": 1}
 
 
 def random_experts(
@@ -377,7 +378,7 @@ def random_experts(
     gate_up = (torch.randn(e, 2 * i, h, generator=generator) * 0.02).to(dtype)
     down = (torch.randn(e, h, i, generator=generator) * 0.02).to(dtype)
     experts = ExpertWeights(gate_up, down)
-    if weights == "int8":
+    if weights in ("int8", "int8-experts"):
         return experts.quantize_int8()
     return experts.pack()
 

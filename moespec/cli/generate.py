@@ -191,7 +191,7 @@ def parse_draft_length(text: str) -> int | str:
 def run(args: argparse.Namespace) -> int:
     weights = resolve_weights(args)
     if weights is not None and args.offload is not None:
-        raise ValueError("--weights int8 runs the experts in memory: it does not take --offload")
+        raise ValueError(f"--weights {weights} runs in memory: it does not take --offload")
     import torch
 
     from moespec.decoding import KernelPolicy, Sampler, generate, summarize
@@ -326,7 +326,7 @@ def run(args: argparse.Namespace) -> int:
                     "tokens": tokens,
                     "text": tokenizer.decode(tokens),
                     "threads": model.thread_plan(),
-                    "weights": weight_paths(model.expert_format, model.dtype),
+                    "weights": weight_paths(model.expert_format, model.dense_format),
                     "batch_invariant": model.batch_invariant,
                     **summary,
                     "steps": [r.to_dict() for r in records],

@@ -84,7 +84,7 @@ def run(args: argparse.Namespace) -> int:
     result = {
         "model": describe(model_dir),
         "dtype": args.dtype,
-        "weights": weight_paths(model.expert_format, model.dtype),
+        "weights": weight_paths(model.expert_format, model.dense_format),
         "depth": args.depth,
         "records": records,
     }

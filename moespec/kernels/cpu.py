@@ -88,15 +88,15 @@ def format_name(dtype: torch.dtype | str) -> str:
     )
 
 
-def weight_paths(expert_format: str | None, dtype: torch.dtype) -> dict:
-    """A run's weight formats (experts; the dense weights: attention, routers, head) and the
-    product path each takes here, with the CPU facts behind the choice (for reports)."""
+def weight_paths(expert_format: str | None, dense_format: str | torch.dtype) -> dict:
+    """A run's weight formats (experts; the dense products: attention, dense MLPs, head) and
+    the product path each takes here, with the CPU facts behind the choice (for reports)."""
     paths = cpu_paths()
     return {
         "experts": expert_format,
-        "dense": format_name(dtype),
+        "dense": format_name(dense_format),
         "expert_path": paths.path(expert_format) if expert_format else None,
-        "dense_path": paths.path(dtype),
+        "dense_path": paths.path(dense_format),
         "cpu": paths.to_dict(),
     }
 

@@ -27,6 +27,7 @@ ARCHITECTURES: dict[str, types.ModuleType] = {
     "llama": llama,
 }
 
+INT8_FORMATS = ("int8", "int8-experts")  # every large product / the experts alone
 DTYPES = {
     "bf16": torch.bfloat16,
     "bfloat16": torch.bfloat16,
@@ -68,11 +69,13 @@ def parse_dtype(name: str | torch.dtype) -> torch.dtype:
 
 
 def check_weights(weights: str | None, dtype: torch.dtype) -> None:
-    """A weight format a run of `dtype` can hold: None, "int8", or the dtype's own name."""
-    if weights is None or weights == "int8":
+    """A weight format a run of `dtype` can hold: None, an int8 format, or the dtype's name."""
+    if weights is None or weights in INT8_FORMATS:
         return
     if weights not in DTYPES:
-        raise ValueError(f"unknown weight format {weights!r}; choose bf16, fp32 or int8")
+        raise ValueError(
+            f"unknown weight format {weights!r}; choose bf16, fp32, int8 or int8-experts"
+        )
     if DTYPES[weights] != dtype:
         raise ValueError(
             f"weights {weights} disagree with the dtype {dtype}: float weights run in the "
@@ -124,8 +127,9 @@ def load_model(
     names the file and the tensor. pack: re-lay the large weights out for the CPU's fastest
     library path (moespec.kernels.linear); off for engines that copy experts by hand
     (offloading) or compare against the library's default path. weights: "int8" quantizes
-    the experts at load (one scale per output channel; moespec.kernels.quant), the rest of
-    the model staying in `dtype`; None or the dtype's own name keeps every weight in `dtype`.
+    the experts, the attention projections, dense MLPs and the head at load (one scale per
+    output channel; moespec.kernels.quant), "int8-experts" the experts alone; routers, norms
+    and embeddings stay in `dtype`; None or the dtype's own name keeps every weight in it.
     """
     path = Path(path)
     config = load_config(path)
@@ -134,8 +138,8 @@ def load_model(
     layout = ARCHITECTURES[config.model_type].LAYOUT
     tokenizer = Tokenizer(path / "tokenizer.json")
     model = _build(config, TensorReader(path), layout, dtype)
-    if weights == "int8":
-        model.quantize_experts()
+    if weights in INT8_FORMATS:
+        model.quantize_int8(dense=weights == "int8")
     if pack:
         model.pack()
     return model, tokenizer

@@ -10,7 +10,9 @@ import torch
 import torch.nn.functional as F
 
 from moespec.kernels.invariance import MAX_PASS, batch_invariance
+from moespec.kernels.linear import dense as dense_weight
 from moespec.kernels.linear import linear, pack
+from moespec.kernels.quant import quantize_int8
 from moespec.kernels.threads import SMALL_WORK_BYTES, pass_threads, threads_for
 from moespec.models.cache import KVCache
 from moespec.models.config import ModelConfig
@@ -135,11 +137,23 @@ class Transformer:
         self.lm_head = pack(self.lm_head)
         return self
 
-    def quantize_experts(self) -> "Transformer":
+    def quantize_int8(self, dense: bool = True) -> "Transformer":
         """Every MoE layer's experts to int8 with per-output-channel scales (in place;
-        moespec.kernels.quant). Attention, routers, dense MLPs and the head keep the dtype."""
+        moespec.kernels.quant); with `dense`, the attention projections, dense MLPs and the
+        output head too. Routers, norms and the embedding table keep the dtype (a tied head
+        is quantized as a copy: the lookup needs the table)."""
         for block in self.moe_blocks.values():
             block.experts.quantize_int8()
+        if not dense:
+            return self
+        for layer in self.layers:
+            a = layer.attention
+            a.qkv, a.o = quantize_int8(dense_weight(a.qkv)), quantize_int8(dense_weight(a.o))
+            if isinstance(layer.mlp, DenseMLP):
+                mlp = layer.mlp
+                mlp.gate_up = quantize_int8(dense_weight(mlp.gate_up))
+                mlp.down = quantize_int8(dense_weight(mlp.down))
+        self.lm_head = quantize_int8(dense_weight(self.lm_head))
         return self
 
     @property
@@ -147,6 +161,14 @@ class Transformer:
         """The experts' weight format ("int8", "bf16", ...); None for a dense model."""
         blocks = list(self.moe_blocks.values())
         return blocks[0].experts.format if blocks else None
+
+    @property
+    def dense_format(self) -> str:
+        """The format of the attention projections and the head: "int8" or the dtype's."""
+        from moespec.kernels.cpu import format_name
+        from moespec.kernels.quant import Int8Weight
+
+        return "int8" if isinstance(self.lm_head, Int8Weight) else format_name(self.dtype)
 
     def parameter_bytes(self) -> dict[str, int]:
         """Bytes of the weights: all experts, and the dense bytes D every pass reads once
