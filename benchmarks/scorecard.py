@@ -45,10 +45,15 @@ def main(argv=None) -> int:
     parser.add_argument("--tokens", type=int, default=256)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--verify-repeats", type=int, default=3)
+    parser.add_argument("--threads", type=int, help="torch intra-op threads (default: torch's)")
     parser.add_argument("--cache-dir", type=Path, default=Path("benchmarks/checkpoints"))
     parser.add_argument("--force", action="store_true", help="overwrite evaluation.json")
     args = parser.parse_args(argv)
     kind, dtype = CONFIGS[args.config]
+    if args.threads is not None:
+        import torch
+
+        torch.set_num_threads(args.threads)
     model_dir = checkpoint(kind, args.cache_dir)
     out = args.out / "evaluation.json"
     args.out.mkdir(parents=True, exist_ok=True)

@@ -56,6 +56,20 @@ class Provenance:
 
 
 @dataclass
+class WeightFormats:
+    """The weight formats a plan ran with and the product path each took here
+    (`moespec.kernels.cpu.weight_paths`; the CPU behind them is the provenance's), with w_l
+    as held per benchmarked layer and the byte factor f_l (seed 000 Table 6)."""
+
+    experts: str | None
+    dense: str
+    expert_path: str | None
+    dense_path: str
+    expert_bytes: list[int]
+    byte_factor: float = 1.0
+
+
+@dataclass
 class BenchRun:
     """The expert-operation benchmark behind the fits (raw samples in `raw`)."""
 
@@ -185,6 +199,7 @@ class Plan:
     fits_per_layer: bool = False  # each benchmarked layer fitted on its own (seed 000)
     layer_fits: dict[int, dict[str, FitSummary]] = field(default_factory=dict)
     kernel_bandwidth_error: dict[str, float | None] = field(default_factory=dict)  # eps_p
+    weights: WeightFormats | None = None  # absent in plans made before int8 weights
     format: str = PLAN_FORMAT
 
     def check(self, where: str) -> None:
@@ -265,6 +280,7 @@ class ShapePlan:
     expert_saving: list[float]
     kernel: KernelChoice
     seconds: float
+    weights: WeightFormats | None = None
     format: str = SHAPE_PLAN_FORMAT
 
     def to_dict(self) -> dict:

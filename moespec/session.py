@@ -30,6 +30,7 @@ class GenerateSettings:
     crossover: int | None = None
     plan: str | None = None
     dtype: str = "bf16"
+    weights: str | None = None  # "int8" or "int8-experts" (`models.load_model`); None: dtype
     batch_invariant: bool = True
     compile: str = "off"  # one-token steps by torch.compile: "auto", "on" or "off"
     truncate: str = "none"
@@ -60,6 +61,11 @@ class GenerateSettings:
 
     def check_offload(self) -> None:
         budget = self.expert_cache_ratio is not None or self.expert_cache_bytes is not None
+        if self.weights is not None and self.offload is not None:
+            raise SettingError(
+                f"{setting('weights', self.weights)} runs in memory: it does not take "
+                f"{setting('offload')}"
+            )
         if self.offload is None:
             if budget:
                 raise SettingError(
@@ -91,6 +97,7 @@ class GenerateResult:
     tokens: list[int]
     text: str
     threads: dict
+    weights: dict  # formats and product paths (`kernels.cpu.weight_paths`)
     batch_invariant: bool
     summary: dict  # `decoding.summarize` (+ offload, speedup and compare when measured)
     compile: dict = field(default_factory=dict)  # "target", "draft/NAME": compile_report
@@ -110,6 +117,7 @@ class GenerateResult:
             "tokens": self.tokens,
             "text": self.text,
             "threads": self.threads,
+            "weights": self.weights,
             "batch_invariant": self.batch_invariant,
             "compile": self.compile,
             **self.summary,
@@ -132,6 +140,7 @@ def generate_text(
     from moespec.decoding import Sampler
     from moespec.decoding.setup import draft_name
     from moespec.demo import describe
+    from moespec.kernels.cpu import weight_paths
     from moespec.models import StreamingDetokenizer, load_model
     from moespec.models.compiled import capture, compile_report
     from moespec.models.context import fit_context
@@ -142,7 +151,9 @@ def generate_text(
     Sampler(settings.temperature, settings.top_p, settings.seed)  # bad values fail here
     torch.manual_seed(settings.seed)
     model_dir, draft = model_and_draft(settings.model, settings.draft)
-    model, tokenizer = load_model(model_dir, dtype=settings.dtype, pack=settings.offload is None)
+    model, tokenizer = load_model(
+        model_dir, dtype=settings.dtype, pack=settings.offload is None, weights=settings.weights
+    )
     model.batch_invariant = settings.batch_invariant
     capture(model, settings.compile)
     kernels = Kernels.of(settings, model)
@@ -177,6 +188,7 @@ def generate_text(
         tokens=tokens,
         text=tokenizer.decode(tokens),
         threads=model.thread_plan(),
+        weights=weight_paths(model.expert_format, model.dense_format),
         batch_invariant=model.batch_invariant,
         summary=arms.summary(records, comparison),
         records=records,

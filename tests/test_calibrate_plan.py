@@ -117,6 +117,9 @@ def test_plan_writes_a_complete_plan_and_report(plan_dir):
     assert plan.fits["slot"].passes > 0 and plan.bandwidth_error >= 0
     assert plan.provenance.device == "cpu" and plan.provenance.settings["depth"] == 32
     assert plan.provenance.cpu_capability == torch.backends.cpu.get_cpu_capability()
+    weights = plan.weights  # formats and product paths; the CPU is the provenance's
+    assert weights.experts == "fp32" and weights.byte_factor == 1
+    assert weights.expert_bytes == [(2 * 32 * 64 + 64 * 32) * 4] * 2  # w_l, 2 MoE layers
     written = write_report(plan, out)
     assert all(p.exists() for p in written)
     assert "Kernel switch" in (out / "report.md").read_text()

@@ -155,3 +155,32 @@ def test_bad_draft_specs_exit_2(checkpoint_dir, capsys):
         )
         == 2
     )
+
+
+def test_json_reports_int8_experts_and_the_paths_they_run_on(checkpoint_dir, capsys):
+    from moespec.kernels.cpu import cpu_paths
+
+    directory, _ = checkpoint_dir("qwen3_moe")
+    args = ["generate", "--model", str(directory), "w1 w2", "--max-tokens", "3", "--json"]
+    assert main([*args, "--weights", "int8", "--draft", "none"]) == 0
+    weights = json.loads(capsys.readouterr().out)["weights"]
+    assert weights["experts"] == "int8" and weights["dense"] == "int8"
+    assert weights["expert_path"] == weights["dense_path"] == "aten-int8pack-mm"
+    assert weights["cpu"]["capability"] == cpu_paths().capability
+
+
+def test_int8_experts_alone_and_bad_weight_formats(checkpoint_dir, capsys):
+    from moespec.kernels.cpu import cpu_paths
+
+    directory, _ = checkpoint_dir("qwen3_moe")
+    args = ["generate", "--model", str(directory), "w1", "--max-tokens", "2"]
+    assert main([*args, "--weights", "fp32"]) == 2
+    assert "--weights fp32 disagrees with --dtype bf16" in capsys.readouterr().err
+    assert main([*args, "--weights", "int8", "--offload", "lru"]) == 2
+    assert "does not take --offload" in capsys.readouterr().err
+    assert main([*args, "--weights", "int8-experts", "--json", "--draft", "none"]) == 0
+    weights = json.loads(capsys.readouterr().out)["weights"]
+    assert weights["experts"] == "int8" and weights["dense"] == "bf16"
+    assert weights["dense_path"] == cpu_paths().bf16
+    assert main([*args, "--weights", "int4"]) == 2
+    assert "unknown weight format 'int4'" in capsys.readouterr().err

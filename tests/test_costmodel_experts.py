@@ -104,6 +104,15 @@ def test_byte_share_weights_layers_by_expert_bytes():
     assert byte_share([3, 4], [1, 3], top_k=2, n_tokens=2) == F(1 * 3 + 3 * 4, 4 * 4)
 
 
+def test_byte_share_carries_the_byte_factor_of_each_layer():
+    # f_l (seed 000 Table 6): the dedup kernel reads f_l w_l per distinct expert of layer l.
+    shared = byte_share([3, 4], [1, 3], top_k=2, n_tokens=2, byte_factors=[F(10, 9), 1])
+    assert shared == F(F(10, 9) * 3 + 3 * 4, 4 * 4)
+    assert byte_share([3, 4], [1, 3], 2, 2, byte_factors=[1, 1]) == byte_share([3, 4], [1, 3], 2, 2)
+    with pytest.raises(ValueError, match="f_l >= 1"):
+        byte_share([3, 4], [1, 3], top_k=2, n_tokens=2, byte_factors=[F(1, 2), 1])
+
+
 @given(st.lists(st.lists(unit, min_size=4, max_size=4), min_size=1, max_size=3), st.data())
 def test_dedup_bytes_12_equal_weighted_unions_2(reuse_tail, data):
     reuse_by_layer = [[F(0)] + r for r in reuse_tail]

@@ -49,6 +49,13 @@ def test_no_library_message_names_a_flag():
             if quoted_flag.search(code) and '"""' not in code:
                 offenders.append(f"{path.relative_to(package)}:{number}: {line.strip()}")
     # the markers themselves, git's own flags, a "--" table cell, the commands behind results
-    allowed = {"errors.py", "provenance.py", "report/reuse.py", "bench/results.py"}
+    # llamacpp_plan.py writes llama.cpp's own command line (its flags, not moespec's)
+    allowed = {
+        "errors.py",
+        "provenance.py",
+        "report/reuse.py",
+        "bench/results.py",
+        "calibrate/llamacpp_plan.py",
+    }
     offenders = [o for o in offenders if o.split(":")[0] not in allowed]
     assert not offenders, "\n".join(offenders)

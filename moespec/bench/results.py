@@ -214,7 +214,7 @@ RESULTS = [
             for n in ("plan.json", "bench.jsonl", "evaluation.json", *PLAN_FIGURES)
         ),
         (
-            "OMP_NUM_THREADS=1 python benchmarks/scorecard.py demo-bf16 "
+            "python benchmarks/scorecard.py demo-bf16 --threads 1 "
             f"--out {RESULTS_DIR}/scorecard/demo-bf16 --force",
         ),
         50,
@@ -245,6 +245,34 @@ RESULTS = [
             f"--trace-documents 2 --out {RESULTS_DIR}/llamacpp_plan_check.json --force",
         ),
         20,
+    ),
+    Result(
+        "int8-decode",
+        ("int8_decode_olmoe2L.json",),
+        (
+            "python benchmarks/int8_decode.py --shape olmoe --layers 2 --threads 1,2 --rounds 4 "
+            f"--tokens 24 --agreement-prompts 4 --out {RESULTS_DIR}/int8_decode_olmoe2L.json "
+            "--force",
+        ),
+        15,
+    ),
+    Result(
+        "cpu-paths-avx512",
+        ("cpu_paths_avx512.json",),
+        (
+            "python benchmarks/cpu_paths.py --rounds 7 "
+            f"--out {RESULTS_DIR}/cpu_paths_avx512.json --force",
+        ),
+        3,
+    ),
+    Result(
+        "cpu-paths-avx2",
+        ("cpu_paths_avx2.json",),
+        (
+            "python benchmarks/cpu_paths.py --avx2 --rounds 5 "
+            f"--out {RESULTS_DIR}/cpu_paths_avx2.json --force",
+        ),
+        3,
     ),
     _plan("olmoe-1b-7b-bf16", "--shape olmoe-1b-7b", 1),
     _plan("olmoe-1b-7b-fp32", "--shape olmoe-1b-7b --dtype fp32", 1),

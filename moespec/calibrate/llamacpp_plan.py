@@ -218,7 +218,9 @@ def llamacpp_plan(
     started = time.perf_counter()
     plan_path = Path(out_dir) / "plan.json"
     if plan_path.exists() and not force:
-        raise FileExistsError(f"{plan_path} already exists (pass --force to overwrite it)")
+        from moespec.files import OutputExistsError
+
+        raise OutputExistsError(plan_path)
     experts = gguf_experts(gguf)
     union, source = routing_union(experts, max_n, model_dir, trace_path, trace_documents)
     expert_bytes = (np.asarray(experts["expert_bytes"])[:, None] * union).sum(axis=0)

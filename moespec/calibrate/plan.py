@@ -50,6 +50,7 @@ from moespec.plan import (
     Provenance,
     ShapePlan,
     ShapeRouting,
+    WeightFormats,
     load_plan,
     typed,
 )
@@ -204,6 +205,7 @@ def plan_chain(
     draft_dir: Path | None = None,
     trace_path: Path | None = None,
     dtype: str = "bf16",
+    weights: str | None = None,
     settings: BenchSettings | None = None,
     windows: int = 12,
     bench_layers: list[int] | None = None,
@@ -220,11 +222,15 @@ def plan_chain(
     settings = settings or BenchSettings()
     plan_path = out_dir / "plan.json"
     refuse_existing(plan_path, force)
-    model, tokenizer, layers = load_target(model_dir, dtype, bench_layers, progress)
+    model, tokenizer, layers = load_target(model_dir, dtype, weights, bench_layers, progress)
     trace = routing_trace(model, tokenizer, trace_path, model_dir, progress)
     text = verify_text(tokenizer)
     windows_ids = windows_by_layer(trace, layers, settings.pass_sizes, windows, settings.seed)
-    header = {"model": model.config.name, "dtype": dtype}
+    header = {
+        "model": model.config.name,
+        "dtype": dtype,
+        **({"weights": weights} if weights else {}),
+    }
     experts = {layer: model.moe_blocks[layer].experts for layer in layers}
     measured = bench_and_fit(
         experts,
@@ -291,18 +297,21 @@ def plan_chain(
         fits_per_layer=measured.fits.per_layer,
         layer_fits=measured.layer_fit_summaries(),
         kernel_bandwidth_error=measured.errors,
+        weights=weight_formats(
+            model.expert_format, model.dense_format, [e.bytes_per_expert for e in experts.values()]
+        ),
     )
     plan.save(plan_path, force=force)
     return plan
 
 
-def load_target(model_dir, dtype: str, bench_layers, progress: Progress):
-    """The checkpoint, its tokenizer and the MoE layers to benchmark (all of up to 4, else
-    the first and the middle one)."""
+def load_target(model_dir, dtype: str, weights: str | None, bench_layers, progress: Progress):
+    """The checkpoint (its weights in `weights`: `models.load_model`), its tokenizer and the
+    MoE layers to benchmark (all of up to 4, else the first and the middle one)."""
     from moespec.models import load_model
 
     progress.start(f"loading {model_dir}")
-    model, tokenizer = load_model(model_dir, dtype=dtype)
+    model, tokenizer = load_model(model_dir, dtype=dtype, weights=weights)
     if not model.config.is_moe:
         raise ValueError(f"{model_dir} is not an MoE model: there is no expert operation to plan")
     moe_layers = list(model.moe_blocks)
@@ -421,6 +430,28 @@ def plan_provenance(experts: ExpertWeights, settings: dict) -> Provenance:
     return Provenance(**provenance(device, settings))
 
 
+def weight_formats(expert_format, dense_format, expert_bytes: list[int]) -> WeightFormats:
+    """The plan's weight formats and product paths (`moespec.kernels.cpu`), with w_l as held
+    and the byte factor f_l (seed 000 Table 6): both kernels read each expert's held bytes
+    (int8 values and scales, or the dtype's) once per read, so f_l = 1 in either format."""
+    from moespec.kernels.cpu import weight_paths
+
+    paths = weight_paths(expert_format, dense_format)
+    del paths["cpu"]  # the provenance records the CPU
+    return WeightFormats(**paths, expert_bytes=list(expert_bytes), byte_factor=1.0)
+
+
+def shape_experts(shape, dtype: str, weights: str | None, seed: int) -> ExpertWeights:
+    """One layer of random experts of the shape, held as a loaded model holds them: int8
+    (values and per-channel scales) for an int8 format, else packed in `dtype`."""
+    from moespec.models import INT8_FORMATS, check_weights, parse_dtype
+
+    check_weights(weights, parse_dtype(dtype))
+    if weights in INT8_FORMATS:
+        return random_experts(shape, parse_dtype(dtype), seed, pack=False).quantize_int8()
+    return random_experts(shape, parse_dtype(dtype), seed)
+
+
 def make_shape_plan(out_dir: Path, *, progress: Progress | bool = True, **options) -> ShapePlan:
     """One full-size layer of random weights of a named shape (see `shape_plan_chain` for
     the options); progress and interruptions as for make_plan."""
@@ -434,6 +465,7 @@ def shape_plan_chain(
     shape_name: str,
     reuse2: float | None = None,
     dtype: str = "bf16",
+    weights: str | None = None,
     settings: BenchSettings | None = None,
     windows: int = 12,
     tokens: int = 20000,
@@ -444,7 +476,6 @@ def shape_plan_chain(
     the shape's published layer-mean rho(2) (or `reuse2`): the expert operation's fits,
     bandwidths, epsilon, u(n), r(n), the saving summed over the model's L MoE layers and
     its crossover. (No whole model exists, so no verify times or staircase.)"""
-    from moespec.models import parse_dtype
     from moespec.routing.shapes import get_shape
 
     started = time.perf_counter()
@@ -457,14 +488,14 @@ def shape_plan_chain(
     process, trace = shape_trace(shape, target, tokens, settings.seed, progress)
     layer = 0
     progress.start(f"making one layer of {shape.name}'s experts")
-    experts = random_experts(shape, parse_dtype(dtype), settings.seed)
+    experts = shape_experts(shape, dtype, weights, settings.seed)
     windows_ids = windows_by_layer(trace, [layer], settings.pass_sizes, windows, settings.seed)
-    header = {"shape": shape.name, "dtype": dtype}
+    header = {"shape": shape.name, "dtype": dtype, **({"weights": weights} if weights else {})}
     measured = bench_and_fit(
         {layer: experts}, shape.top_k, settings, windows_ids, header, out_dir, progress, force
     )
     routing = estimate(document_statistics(trace, max(settings.pass_sizes)), bootstrap=0)
-    expert_time = shape_expert_time(shape, measured, routing.union)
+    expert_time = shape_expert_time(shape, measured, routing.union, experts.bytes_per_expert)
     expert_saving = expert_time["slot"] - expert_time[measured.dedup_kernel]
     plan = ShapePlan(
         shape=asdict(shape),
@@ -488,6 +519,7 @@ def shape_plan_chain(
             measured.dedup_kernel,
         ),
         seconds=time.perf_counter() - started,
+        weights=weight_formats(experts.format, experts.dtype, [experts.bytes_per_expert]),
     )
     plan.save(out_dir / "plan.json", force=force)
     return plan
@@ -511,10 +543,11 @@ def shape_trace(shape, reuse2: float, tokens: int, seed: int, progress: Progress
     return process, trace
 
 
-def shape_expert_time(shape, measured: Measured, union) -> dict:
-    """{kernel: [n_max]} the expert operation's time from the fits, summed over the model's L
-    MoE layers (every one has the same expert shape and synthetic routing law)."""
-    per_layer = times_from_fits(measured.fits.pooled, union, [shape.bytes_per_expert], shape.top_k)
+def shape_expert_time(shape, measured: Measured, union, expert_bytes: int) -> dict:
+    """{kernel: [n_max]} the expert operation's time from the fits at w_l = expert_bytes (as
+    held: int8 values and scales, or the dtype's), summed over the model's L MoE layers
+    (every one has the same expert shape and synthetic routing law)."""
+    per_layer = times_from_fits(measured.fits.pooled, union, [expert_bytes], shape.top_k)
     for kernel in per_layer:  # a one-token pass runs the per-slot kernel whatever the switch
         per_layer[kernel][:, 0] = per_layer["slot"][:, 0]
     return {k: shape.num_layers * v[0] for k, v in per_layer.items()}

@@ -20,6 +20,7 @@ COMMANDS = {
     "synth-trace": "moespec.cli.synth_trace",
     "serve": "moespec.cli.serve",
     "export-gguf": "moespec.cli.export_gguf",
+    "env": "moespec.cli.env",
 }
 
 

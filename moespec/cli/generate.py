@@ -27,6 +27,7 @@ import sys
 
 from moespec.cli.options import (
     add_dtype,
+    add_weights,
     checkpoint_dir,
     existing_file,
     non_negative_int,
@@ -34,6 +35,7 @@ from moespec.cli.options import (
     number_in,
     positive_int,
     positive_number,
+    resolve_weights,
 )
 
 HELP = "generate text (streamed), speculating with a draft, the kernel chosen per pass"
@@ -102,6 +104,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "its verify times the draft-length policy's V(k)",
     )
     add_dtype(parser)
+    add_weights(parser)
     parser.add_argument(
         "--batch-invariant",
         default="on",
@@ -210,6 +213,7 @@ def run(args: argparse.Namespace) -> int:
         crossover=args.crossover,
         plan=args.plan,
         dtype=args.dtype,
+        weights=resolve_weights(args),
         batch_invariant=args.batch_invariant == "on",
         compile=args.compile,
         truncate=args.truncate,

@@ -8,7 +8,14 @@ sizes interleave within each repeat. Prints the median per (kernel, n) and the s
 import argparse
 import json
 
-from moespec.cli.options import add_dtype, checkpoint_dir, existing_file, positive_int
+from moespec.cli.options import (
+    add_dtype,
+    add_weights,
+    checkpoint_dir,
+    existing_file,
+    positive_int,
+    resolve_weights,
+)
 
 HELP = "measure whole-model verify time per kernel at n = 1..max-n"
 
@@ -30,6 +37,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--repeats", type=positive_int, default=10)
     add_dtype(parser)
+    add_weights(parser)
     parser.add_argument("--out", metavar="FILE.json", help="write every sample as JSON")
     parser.add_argument("--force", action="store_true")
     parser.add_argument("--json", action="store_true")
@@ -38,6 +46,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     from pathlib import Path
 
+    weights = resolve_weights(args)
     from moespec.calibrate.plan import stdlib_documents
     from moespec.calibrate.verify import measure_verify
     from moespec.files import check_writable, write_json
@@ -51,7 +60,7 @@ def run(args: argparse.Namespace) -> int:
         from moespec.demo import demo_paths
 
         model_dir = demo_paths()[0]
-    model, tokenizer = load_model(model_dir, dtype=args.dtype)
+    model, tokenizer = load_model(model_dir, dtype=args.dtype, weights=weights)
     if args.text:
         tokens = tokenizer.encode(Path(args.text).read_text())
     else:
@@ -70,11 +79,13 @@ def run(args: argparse.Namespace) -> int:
             progress=progress,
         )
     from moespec.demo import describe
+    from moespec.kernels.cpu import weight_paths
     from moespec.provenance import provenance
 
     result = {
         "model": describe(model_dir),
         "dtype": args.dtype,
+        "weights": weight_paths(model.expert_format, model.dense_format),
         "depth": args.depth,
         "records": records,
         "provenance": provenance(model.embed.device, {"kernels": kernels, "repeats": args.repeats}),

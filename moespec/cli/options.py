@@ -30,6 +30,42 @@ def add_dtype(parser: argparse.ArgumentParser, default: str = "bf16") -> None:
     )
 
 
+WEIGHT_NAMES = {**DTYPE_NAMES, "int8": "int8", "int8-experts": "int8-experts"}
+
+
+def weights_name(text: str) -> str:
+    """'bf16', 'fp32', 'int8' or 'int8-experts' from any accepted spelling."""
+    key = text.strip().lower().removeprefix("torch.")
+    if key not in WEIGHT_NAMES:
+        raise argparse.ArgumentTypeError(
+            f"unknown weight format {text!r}; choose bf16, fp32, int8 or int8-experts"
+        )
+    return WEIGHT_NAMES[key]
+
+
+def add_weights(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--weights",
+        type=weights_name,
+        metavar="bf16|fp32|int8|int8-experts",
+        help="weights: int8 quantizes the experts, attention and head at load (one scale per "
+        "output channel; routers, norms and embeddings stay in --dtype), int8-experts the "
+        "experts alone; bf16/fp32 must equal --dtype (default: --dtype)",
+    )
+
+
+def resolve_weights(args: argparse.Namespace) -> str | None:
+    """--weights checked against --dtype: None (every weight in --dtype) or an int8 format."""
+    if args.weights is None or args.weights.startswith("int8"):
+        return args.weights
+    if args.weights != args.dtype:
+        raise ValueError(
+            f"--weights {args.weights} disagrees with --dtype {args.dtype}: float weights run "
+            f"in --dtype (pass --dtype {args.weights}); int8 weights run in either"
+        )
+    return None
+
+
 def at_least(low: int):
     """An argparse type: an integer >= low."""
 

@@ -26,12 +26,14 @@ import json
 
 from moespec.cli.options import (
     add_dtype,
+    add_weights,
     at_least,
     checkpoint_dir,
     existing_file,
     non_negative_int,
     number_in,
     positive_int,
+    resolve_weights,
 )
 
 HELP = "calibrate the expert kernels and write plan.json (crossover, V(k), staircase)"
@@ -54,6 +56,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--reuse2", type=float, help="with --shape: target layer-mean rho(2)")
     parser.add_argument("--out", metavar="DIR", default="moespec-plan")
     add_dtype(parser)
+    add_weights(parser)
     parser.add_argument("--kernels", default="slot,dedup", help="per-slot and a dedup kernel")
     parser.add_argument(
         "--max-n", type=at_least(2), default=9, help="largest pass size (default 9)"
@@ -95,6 +98,7 @@ def run(args: argparse.Namespace) -> int:
     if args.engine == "llamacpp":
         return run_llamacpp(args)
 
+    weights = resolve_weights(args)
     kernels = tuple(k.strip() for k in args.kernels.split(","))
     if "slot" not in kernels or len(kernels) != 2:
         raise ValueError(
@@ -116,6 +120,7 @@ def run(args: argparse.Namespace) -> int:
             shape_name=args.shape,
             reuse2=args.reuse2,
             dtype=args.dtype,
+            weights=weights,
             settings=settings,
             windows=args.windows,
             force=args.force,
@@ -129,6 +134,7 @@ def run(args: argparse.Namespace) -> int:
             draft_dir=Path(args.draft) if args.draft else None,
             trace_path=Path(args.trace) if args.trace else None,
             dtype=args.dtype,
+            weights=weights,
             settings=settings,
             windows=args.windows,
             verify_repeats=args.verify_repeats,

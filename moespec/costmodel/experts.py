@@ -155,21 +155,32 @@ def uniform_reuse(num_experts: int, top_k: int, n_tokens: int) -> Number:
 
 
 def byte_share(
-    unions: Sequence[Number], expert_bytes: Sequence[Number], top_k: int, n_tokens: int
+    unions: Sequence[Number],
+    expert_bytes: Sequence[Number],
+    top_k: int,
+    n_tokens: int,
+    byte_factors: Sequence[Number] | None = None,
 ) -> Number:
-    """u(n) = E_dedup(n) / E_slot(n) = sum_l w_l U_l(n) / (n m W) (Sec. 2).
+    """u(n) = f E_dedup(n) / E_slot(n) = sum_l f_l w_l U_l(n) / (n m W) (Sec. 2, eq. 5).
 
-    unions: U_l(n) per layer; expert_bytes: w_l per layer (bytes of one expert of layer l).
+    unions: U_l(n) per layer; expert_bytes: w_l per layer (bytes of one expert of layer l as
+    held: an int8 expert's values and scales); byte_factors: f_l per layer, the bytes the
+    deduplicating kernel reads per distinct expert over w_l (Table 6; default 1).
     """
     check_top_k(top_k)
     check_count(n_tokens, "n_tokens")
     _check_layers(unions, expert_bytes)
+    factors = [1] * len(expert_bytes) if byte_factors is None else list(byte_factors)
+    _check_layers(factors, expert_bytes)
+    for layer, f in enumerate(factors):
+        if check_real(f, f"byte_factors[{layer}]") < 1:
+            raise ValueError(f"byte_factors[{layer}] = {f}: f_l >= 1 (eq. 5)")
     for layer, u in enumerate(unions):
         if not top_k <= u <= top_k * n_tokens:
             raise ValueError(
                 f"unions[{layer}] = {u} is outside [m, n m] = [{top_k}, {top_k * n_tokens}]"
             )
-    dedup = sum(w * u for w, u in zip(expert_bytes, unions, strict=True))
+    dedup = sum(f * w * u for f, w, u in zip(factors, expert_bytes, unions, strict=True))
     return check_real(dedup, "union bytes") / (n_tokens * top_k * sum(expert_bytes))
 
 

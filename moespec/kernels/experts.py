@@ -10,7 +10,9 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from moespec.kernels.cpu import format_name
 from moespec.kernels.linear import PackedWeight, dense, pack
+from moespec.kernels.quant import Int8Weight, quantize_int8
 
 
 @dataclass(frozen=True)
@@ -34,11 +36,13 @@ class ExpertWeights:
     gate_up[e] = cat(gate_proj[e], up_proj[e]) so that one product gives both halves.
     After `pack()`, each expert's two matrices are held packed for the CPU's fastest library
     path (moespec.kernels.linear) and the stacked tensors keep only their shape (meta).
+    After `quantize_int8()`, each expert's two matrices are int8 with one scale per output
+    channel (moespec.kernels.quant), the stacked tensors again meta in the activation dtype.
     """
 
     gate_up: torch.Tensor  # [E, 2I, H]
     down: torch.Tensor  # [E, H, I]
-    packed_gate_up: list | None = None  # [E] PackedWeight (or tensors) after pack()
+    packed_gate_up: list | None = None  # [E] PackedWeight (or tensors, or Int8Weight)
     packed_down: list | None = None
     gate_up_bias: torch.Tensor | None = None  # [E, 2I] (gpt-oss), with down_bias
     down_bias: torch.Tensor | None = None  # [E, H]
@@ -96,15 +100,30 @@ class ExpertWeights:
 
     @property
     def bytes_per_expert(self) -> int:
-        """w_l: the bytes of one expert (gate, up and down, with their biases if any)."""
-        elements = self.gate_up[0].numel() + self.down[0].numel()
+        """w_l: the bytes of one expert (gate, up and down, with their biases if any) as held:
+        int8 values plus their scales once quantized, which is what either kernel reads per
+        expert read."""
+        bias = 0
         if self.has_bias:
-            elements += self.gate_up_bias.shape[1] + self.down_bias.shape[1]
-        return elements * self.gate_up.element_size()
+            bias = (self.gate_up_bias.shape[1] + self.down_bias.shape[1]) * (
+                self.gate_up_bias.element_size()
+            )
+        if self.packed_gate_up is not None:
+            return self.packed_gate_up[0].nbytes + self.packed_down[0].nbytes + bias
+        elements = self.gate_up[0].numel() + self.down[0].numel()
+        return elements * self.gate_up.element_size() + bias
 
     @property
     def is_packed(self) -> bool:
+        """Held in a layout of its own (oneDNN's or int8), not as the stacked tensors."""
         return self.packed_gate_up is not None
+
+    @property
+    def format(self) -> str:
+        """The experts' weight format: "int8", or the dtype's name ("bf16", "fp32", ...)."""
+        if self.packed_gate_up is not None and isinstance(self.packed_gate_up[0], Int8Weight):
+            return "int8"
+        return format_name(self.dtype)
 
     def weights(self, e: int):
         """(gate_up, down) of expert e, for `moespec.kernels.linear.linear`: packed if held so,
@@ -127,6 +146,17 @@ class ExpertWeights:
         if not any(isinstance(w, PackedWeight) for w in gate_up + down):
             return self  # nothing pays on this CPU for this dtype and shape
         self.packed_gate_up, self.packed_down = gate_up, down
+        self.gate_up = torch.empty(self.gate_up.shape, dtype=self.dtype, device="meta")
+        self.down = torch.empty(self.down.shape, dtype=self.dtype, device="meta")
+        return self
+
+    def quantize_int8(self) -> "ExpertWeights":
+        """Every expert to int8 with per-output-channel scales; drop the stacked copies (in
+        place). Products then read about half the bf16 bytes (moespec.kernels.quant)."""
+        if self.is_packed:
+            raise ValueError("quantize the experts before packing them (they are packed)")
+        self.packed_gate_up = [quantize_int8(self.gate_up[e]) for e in range(self.num_experts)]
+        self.packed_down = [quantize_int8(self.down[e]) for e in range(self.num_experts)]
         self.gate_up = torch.empty(self.gate_up.shape, dtype=self.dtype, device="meta")
         self.down = torch.empty(self.down.shape, dtype=self.dtype, device="meta")
         return self

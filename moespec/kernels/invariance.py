@@ -7,8 +7,9 @@ Greedy speculation then leaves the plain greedy path at a near-tie. Inside
 `batch_invariance(True)`:
 
 - a product of n rows runs in chunks of at most `invariant_rows(weight)` rows: on weights
-  packed for oneDNN, the largest chunk for which this CPU and thread count give each row the
-  bits of a one-row product (probed once per shape); on any other weight, one row at a time;
+  packed for oneDNN or held in int8, the largest chunk for which this CPU and thread count
+  give each row the bits of a one-row product (probed once per shape); on any other weight,
+  one row at a time;
 - the threads of a product follow its weight alone, not its rows (`moespec.kernels.threads`);
 - attention of a pass attends row by row, each query over exactly the keys it sees, as a
   one-token pass does (`moespec.models.layers.attend`);
@@ -48,15 +49,19 @@ def invariant_rows(weight, product, variant=None) -> int:
     products row for row, bit for bit, for every n <= c, on random inputs (cached per shape,
     dtype, layout, thread count and `variant`, e.g. whether a bias is added).
 
-    Only weights in the packed layout are probed: there a kernel that changes with the rows
-    shows on the first input. The library's default path can change its reduction with the
-    rows and yet round the same on hundreds of random inputs (seen on a [16, 256] router),
-    so its products always run one row at a time (c = 1), which is exact by construction."""
+    Only weights in the packed layout and int8 weights are probed: there a kernel that
+    changes with the rows shows on the first input (int8: each output is one dot product over
+    the input whose order does not depend on the rows in PyTorch's kernel, checked here).
+    The library's default path can change its reduction with the rows and yet round the same
+    on hundreds of random inputs (seen on a [16, 256] router), so its products always run
+    one row at a time (c = 1), which is exact by construction."""
     from moespec.kernels.linear import PackedWeight
+    from moespec.kernels.quant import Int8Weight
 
-    if not isinstance(weight, PackedWeight):
+    if not isinstance(weight, PackedWeight | Int8Weight):
         return 1
-    key = (tuple(weight.shape), weight.dtype, torch.get_num_threads(), variant)
+    layout = type(weight).__name__
+    key = (tuple(weight.shape), weight.dtype, layout, torch.get_num_threads(), variant)
     if key not in _chunks:
         _chunks[key] = _probe(weight, product)
     return _chunks[key]

@@ -4,13 +4,17 @@ PyTorch's default CPU path for a one- to few-row product with bf16 weights moves
 here, and its fp32 path for 2-9 rows about 10 GB/s, while oneDNN on weights re-laid out once
 (`_reorder_linear_weight`) moves 40-50 GB/s, near this machine's read bandwidth, with the same
 results. `pack(weight)` returns such a packed weight where it pays (bf16 always; fp32 from
-1 MiB, below which the library's fixed cost dominates); `linear(x, weight)` takes either.
+1 MiB, below which the library's fixed cost dominates) and where oneDNN packs that dtype on this
+CPU (`moespec.kernels.cpu`: bf16 needs AVX-512 BW/VL; on AVX2 bf16 weights stay unpacked);
+`linear(x, weight)` takes a dense, a packed or an int8 weight (`moespec.kernels.quant`).
 """
 
 import torch
 import torch.nn.functional as F
 
+from moespec.kernels.cpu import cpu_paths
 from moespec.kernels.invariance import chunked, is_batch_invariant
+from moespec.kernels.quant import Int8Weight, int8_product
 from moespec.kernels.threads import intra_op_threads, product_threads
 
 PACK_FP32_MIN_BYTES = 1 << 20
@@ -30,18 +34,20 @@ class PackedWeight:
         return self.packed.to_dense()
 
 
-def packing_available() -> bool:
-    return torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_linear_pointwise")
+def packing_available(dtype: torch.dtype = torch.bfloat16) -> bool:
+    """Whether this CPU's chosen path for the dtype is oneDNN's packed one."""
+    return cpu_paths().path(dtype) == "onednn-packed"
 
 
-def pack(weight: torch.Tensor) -> "torch.Tensor | PackedWeight":
-    """The weight packed for oneDNN where that pays on this CPU, else the weight itself."""
-    if weight.device.type != "cpu" or weight.dim() != 2 or not packing_available():
+def pack(weight) -> "torch.Tensor | PackedWeight | Int8Weight":
+    """The weight packed for oneDNN where that is this CPU's path for its dtype, else the
+    weight itself (int8 weights have their own kernel and stay as they are)."""
+    if not isinstance(weight, torch.Tensor) or weight.device.type != "cpu" or weight.dim() != 2:
         return weight
     if weight.dtype == torch.float32 and weight.nbytes < PACK_FP32_MIN_BYTES:
         return weight
-    if weight.dtype not in (torch.bfloat16, torch.float32):
-        return weight  # fp16 needs CPU support oneDNN may lack; the default path is fine
+    if not packing_available(weight.dtype):
+        return weight  # fp16, or a CPU where oneDNN does not pack this dtype
     try:
         return PackedWeight(weight)
     except RuntimeError:  # oneDNN refuses this dtype or shape on this CPU
@@ -70,9 +76,12 @@ def _rows(x, weight, bias, invariant: bool) -> torch.Tensor:
 def _product(x: torch.Tensor, weight, bias: torch.Tensor | None) -> torch.Tensor:
     if isinstance(weight, PackedWeight):
         return torch.ops.mkldnn._linear_pointwise(x, weight.packed, bias, "none", [None], "")
+    if isinstance(weight, Int8Weight):
+        out = int8_product(x, weight)
+        return out if bias is None else out + bias
     return F.linear(x, weight, bias)
 
 
 def dense(weight) -> torch.Tensor:
-    """The ordinary tensor of a dense or packed weight."""
-    return weight.dense() if isinstance(weight, PackedWeight) else weight
+    """The ordinary tensor of a dense, packed or int8 weight."""
+    return weight.dense() if isinstance(weight, PackedWeight | Int8Weight) else weight

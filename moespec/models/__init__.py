@@ -44,6 +44,7 @@ ARCHITECTURES: dict[str, types.ModuleType] = {
     "qwen3_5_moe": qwen3_5_moe,
 }
 
+INT8_FORMATS = ("int8", "int8-experts")  # every large product / the experts alone
 DTYPES = {
     "bf16": torch.bfloat16,
     "bfloat16": torch.bfloat16,
@@ -68,6 +69,7 @@ __all__ = [
     "context_length",
     "fit_context",
     "load_config",
+    "check_weights",
     "load_model",
     "parse_dtype",
     "route",
@@ -81,6 +83,21 @@ def parse_dtype(name: str | torch.dtype) -> torch.dtype:
         return DTYPES[name]
     except KeyError:
         raise ValueError(f"unknown dtype {name!r}; choose bf16 or fp32") from None
+
+
+def check_weights(weights: str | None, dtype: torch.dtype) -> None:
+    """A weight format a run of `dtype` can hold: None, an int8 format, or the dtype's name."""
+    if weights is None or weights in INT8_FORMATS:
+        return
+    if weights not in DTYPES:
+        raise ValueError(
+            f"unknown weight format {weights!r}; choose bf16, fp32, int8 or int8-experts"
+        )
+    if DTYPES[weights] != dtype:
+        raise ValueError(
+            f"weights {weights} disagree with the dtype {dtype}: float weights run in the "
+            "run's dtype (pass it as the dtype), int8 experts in any"
+        )
 
 
 def load_config(path: str | Path) -> ModelConfig:
@@ -115,21 +132,31 @@ def _replace(config: ModelConfig, **changes) -> ModelConfig:
 
 
 def load_model(
-    path: str | Path, dtype: str | torch.dtype = torch.bfloat16, *, pack: bool = True
+    path: str | Path,
+    dtype: str | torch.dtype = torch.bfloat16,
+    *,
+    pack: bool = True,
+    weights: str | None = None,
 ) -> tuple[Transformer, Tokenizer]:
     """Load a checkpoint directory into a Transformer, with its tokenizer.
 
     Every tensor is checked (present, float, right shape) before the model exists; an error
     names the file and the tensor. pack: re-lay the large weights out for the CPU's fastest
     library path (moespec.kernels.linear); off for engines that copy experts by hand
-    (offloading) or compare against the library's default path.
+    (offloading) or compare against the library's default path. weights: "int8" quantizes
+    the experts, the attention projections, dense MLPs and the head at load (one scale per
+    output channel; moespec.kernels.quant), "int8-experts" the experts alone; routers, norms
+    and embeddings stay in `dtype`; None or the dtype's own name keeps every weight in it.
     """
     path = Path(path)
     config = load_config(path)
     dtype = parse_dtype(dtype)
+    check_weights(weights, dtype)
     architecture = ARCHITECTURES[config.model_type]
     tokenizer = Tokenizer(path / "tokenizer.json")
     model = _build(config, TensorReader(path), architecture, dtype)
+    if weights in INT8_FORMATS:
+        model.quantize_int8(dense=weights == "int8")
     if pack:
         model.pack()
     return model, tokenizer

@@ -56,6 +56,8 @@ def supported(model) -> str | None:
         return "attention biases are not in the captured step"
     if model.dtype not in (torch.float32, torch.bfloat16):
         return f"{model.dtype} is not a dtype of the captured step"
+    if "int8" in (model.expert_format, model.dense_format):
+        return "int8 weights are not in the captured step"
     return None
 
 

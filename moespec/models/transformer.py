@@ -10,7 +10,9 @@ import torch
 import torch.nn.functional as F
 
 from moespec.kernels.invariance import MAX_PASS, batch_invariance
+from moespec.kernels.linear import dense as dense_weight
 from moespec.kernels.linear import linear, pack
+from moespec.kernels.quant import quantize_int8
 from moespec.kernels.threads import SMALL_WORK_BYTES, pass_threads, threads_for
 from moespec.models.cache import KVCache
 from moespec.models.config import ModelConfig
@@ -140,6 +142,39 @@ class Transformer:
         self.lm_head = pack(self.lm_head)
         return self
 
+    def quantize_int8(self, dense: bool = True) -> "Transformer":
+        """Every MoE layer's experts to int8 with per-output-channel scales (in place;
+        moespec.kernels.quant); with `dense`, the attention projections, dense MLPs and the
+        output head too (latent attention and shared experts included). Routers, norms and
+        the embedding table keep the dtype (a tied head is quantized as a copy: the lookup
+        needs the table)."""
+        for block in self.moe_blocks.values():
+            block.experts.quantize_int8()
+        if not dense:
+            return self
+        for layer in self.layers:
+            a = layer.attention  # Attention, or deepseek_v2.LatentAttention
+            _quantize(a, ("qkv", "o") if isinstance(a, Attention) else ("q_a", "q", "kv_a", "o"))
+            mlp = layer.mlp.shared if isinstance(layer.mlp, MoEBlock) else layer.mlp
+            if mlp is not None:  # a dense layer's MLP or an MoE layer's shared experts
+                _quantize(mlp, ("gate_up", "down"))
+        self.lm_head = quantize_int8(dense_weight(self.lm_head))
+        return self
+
+    @property
+    def expert_format(self) -> str | None:
+        """The experts' weight format ("int8", "bf16", ...); None for a dense model."""
+        blocks = list(self.moe_blocks.values())
+        return blocks[0].experts.format if blocks else None
+
+    @property
+    def dense_format(self) -> str:
+        """The format of the attention projections and the head: "int8" or the dtype's."""
+        from moespec.kernels.cpu import format_name
+        from moespec.kernels.quant import Int8Weight
+
+        return "int8" if isinstance(self.lm_head, Int8Weight) else format_name(self.dtype)
+
     def parameter_bytes(self) -> dict[str, int]:
         """Bytes of the weights (seed 000's split of a pass's bytes): the routed experts,
         which a deduplicating kernel reads once per pass per distinct expert, and the dense
@@ -165,3 +200,11 @@ class Transformer:
             "shared_experts": shared,
             "dense_mlp": dense_mlp,
         }
+
+
+def _quantize(owner, names: tuple[str, ...]) -> None:
+    """Each named weight of `owner` (absent ones skipped) to per-channel int8, in place."""
+    for name in names:
+        weight = getattr(owner, name)
+        if weight is not None:
+            setattr(owner, name, quantize_int8(dense_weight(weight)))

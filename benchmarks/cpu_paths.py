@@ -1,0 +1,188 @@
+"""The candidate product paths for one decode-sized product, timed side by side in one process.
+
+    python benchmarks/cpu_paths.py --out benchmarks/results/cpu_paths_avx512.json
+    python benchmarks/cpu_paths.py --avx2 --out benchmarks/results/cpu_paths_avx2.json
+
+A [2048, 2048] weight (an OLMoE expert's gate or up half; bf16 values) times 1 row, over a
+set of such weights larger than the last-level cache, for each path: bf16 `F.linear`
+(unpacked), bf16 packed for oneDNN (where it packs), bf16 as a torch.compile'd reduction, an
+fp32 upcast (`F.linear` and packed),
+int8 with one scale per output channel (`torch._weight_int8pack_mm`, and the same math as a
+torch.compile'd reduction), and 32-weight blocks with a scale each (Q8_0's layout) as a
+torch.compile'd reduction (PyTorch has no fused kernel for them); and, as a lead, fbgemm's
+W8A8 dynamic product (activations quantized too). Rounds interleave the paths,
+each warmed alike; the JSON keeps every round, the medians and each path's speed over the
+bf16 unpacked path's, paired per round. --avx2 re-runs the script with ATEN_CPU_CAPABILITY=avx2
+and ONEDNN_MAX_CPU_ISA=AVX2, which lower the dispatch to AVX2 on an AVX-512 machine: how
+`moespec.kernels.cpu`'s AVX2 choice was measured here.
+"""
+
+import argparse
+import os
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+from moespec.files import write_json
+from moespec.kernels.cpu import cpu_paths, onednn_packs
+from moespec.kernels.quant import quantize_int8
+from moespec.provenance import provenance
+
+AVX2 = {"ATEN_CPU_CAPABILITY": "avx2", "ONEDNN_MAX_CPU_ISA": "AVX2"}
+
+OUT, IN, BLOCK = 2048, 2048, 32
+
+
+def blocks(weight: torch.Tensor):
+    """Q8_0's layout: int8 values and one bf16 scale per 32 consecutive weights of a row."""
+    w = weight.float().view(OUT, IN // BLOCK, BLOCK)
+    scales = w.abs().amax(-1) / 127
+    values = torch.round(w / scales[..., None].clamp_min(1e-30)).clamp(-127, 127)
+    return values.to(torch.int8), scales.to(torch.bfloat16)
+
+
+def bf16_reduction(x, weight):
+    return (weight.float() * x.float()).sum(-1).to(x.dtype)[None]
+
+
+def channel_reduction(x, values, scales):
+    return ((values.float() * x.float()).sum(-1) * scales.float()).to(x.dtype)[None]
+
+
+def block_reduction(x, values, scales):
+    parts = (values.float() * x.float().view(IN // BLOCK, BLOCK)).sum(-1)
+    return (parts * scales.float()).sum(-1).to(x.dtype)[None]
+
+
+def candidates(weights: list[torch.Tensor]) -> dict:
+    """{path: (product of weight i, bytes it reads)}."""
+    x = torch.randn(1, IN).bfloat16()
+    xf = x.float()
+    fp32 = [w.float() for w in weights]
+    int8 = [quantize_int8(w) for w in weights]
+    q8_0 = [blocks(w) for w in weights]
+    paths = {
+        "bf16 F.linear": (lambda i: F.linear(x, weights[i]), OUT * IN * 2),
+        "fp32 upcast F.linear": (lambda i: F.linear(xf, fp32[i]), OUT * IN * 4),
+        "int8 channel _weight_int8pack_mm": (
+            lambda i: torch._weight_int8pack_mm(x, int8[i].values, int8[i].scales),
+            int8[0].nbytes,
+        ),
+    }
+    if onednn_packs(torch.bfloat16):
+        packed = [torch.ops.mkldnn._reorder_linear_weight(w, 1) for w in weights]
+        paths["bf16 oneDNN packed"] = (lambda i: onednn(x, packed[i]), OUT * IN * 2)
+    if onednn_packs(torch.float32):
+        packed32 = [torch.ops.mkldnn._reorder_linear_weight(w, 1) for w in fp32]
+        paths["fp32 upcast oneDNN packed"] = (lambda i: onednn(xf, packed32[i]), OUT * IN * 4)
+    if "fbgemm" in torch.backends.quantized.supported_engines:
+        packs = dynamic_int8(weights)
+        paths["W8A8 dynamic quantized.linear_dynamic"] = (
+            lambda i: torch.ops.quantized.linear_dynamic(xf, packs[i], True),
+            OUT * IN + OUT * 8,
+        )
+    reduction = torch.compile(bf16_reduction, dynamic=False)
+    paths["bf16 torch.compile"] = (lambda i: reduction(x[0], weights[i]), OUT * IN * 2)
+    channel = torch.compile(channel_reduction, dynamic=False)
+    block = torch.compile(block_reduction, dynamic=False)
+    paths["int8 channel torch.compile"] = (
+        lambda i: channel(x[0], int8[i].values, int8[i].scales),
+        int8[0].nbytes,
+    )
+    paths["int8 Q8_0 blocks torch.compile"] = (
+        lambda i: block(x[0], *q8_0[i]),
+        OUT * IN + q8_0[0][1].nbytes,
+    )
+    return paths
+
+
+def dynamic_int8(weights: list[torch.Tensor]) -> list:
+    """fbgemm's prepacked int8 weights (one scale per output channel) for
+    `quantized.linear_dynamic`, which also quantizes the activations (per tensor, per call):
+    W8A8, not weight-only; timed as a lead, not a moespec path."""
+    packs = []
+    for w in weights:
+        w = w.float()
+        scales = (w.abs().amax(1) / 127).double()
+        zeros = torch.zeros(OUT, dtype=torch.long)
+        q = torch.quantize_per_channel(w, scales, zeros, 0, torch.qint8)
+        packs.append(torch.ops.quantized.linear_prepack(q, None))
+    return packs
+
+
+def onednn(x, packed):
+    return torch.ops.mkldnn._linear_pointwise(x, packed, None, "none", [None], "")
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--weights", type=int, default=24, help="distinct weights cycled")
+    parser.add_argument("--rounds", type=int, default=7)
+    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--note", default="")
+    parser.add_argument("--avx2", action="store_true", help="lower the dispatch to AVX2")
+    parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--force", action="store_true")
+    args = parser.parse_args(argv)
+    if args.avx2 and any(os.environ.get(k) != v for k, v in AVX2.items()):
+        # both are read when torch loads: run this script again with them set
+        command = [sys.executable, __file__, *(sys.argv[1:] if argv is None else argv)]
+        os.execve(sys.executable, command, {**os.environ, **AVX2})
+    if args.out.exists() and not args.force:
+        parser.error(f"{args.out} exists (use --force)")
+    torch.set_num_threads(args.threads)
+    generator = torch.Generator().manual_seed(0)
+    weights = [
+        (torch.randn(OUT, IN, generator=generator) * 0.02).bfloat16() for _ in range(args.weights)
+    ]
+    paths = candidates(weights)
+    samples = {name: [] for name in paths}
+    with torch.inference_mode():
+        for product, _ in paths.values():  # compile and warm every path alike
+            for i in range(len(weights)):
+                product(i)
+        for _ in range(args.rounds):
+            for name, (product, _) in paths.items():
+                start = time.perf_counter()
+                for i in range(len(weights)):
+                    product(i)
+                samples[name].append((time.perf_counter() - start) / len(weights))
+    base = samples["bf16 F.linear"]
+    results = {}
+    for name, seconds in samples.items():
+        ratios = sorted(b / s for b, s in zip(base, seconds, strict=True))
+        median = statistics.median(seconds)
+        results[name] = {
+            "seconds": seconds,
+            "median_seconds": median,
+            "bytes": paths[name][1],
+            "bytes_per_second": paths[name][1] / median,
+            "bf16_equivalent_bytes_per_second": OUT * IN * 2 / median,
+            "speed_over_bf16_linear": {
+                "median": statistics.median(ratios),
+                "min": ratios[0],
+                "max": ratios[-1],
+            },
+        }
+        r = results[name]
+        print(
+            f"{name:34s} {median * 1e6:8.1f} us  {r['bytes_per_second'] / 1e9:5.1f} GB/s  "
+            f"x{r['speed_over_bf16_linear']['median']:.2f} of bf16 F.linear"
+        )
+    report = {
+        "benchmark": "cpu_paths",
+        "provenance": provenance(settings={"threads": args.threads}),
+        "cpu": cpu_paths().to_dict(),
+        "settings": {**vars(args), "out": str(args.out), "shape": [OUT, IN], "rows": 1},
+        "results": results,
+    }
+    write_json(args.out, report, force=args.force)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

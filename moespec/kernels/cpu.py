@@ -1,0 +1,147 @@
+"""The CPU's capability, detected once, and the product path chosen for each weight format.
+
+Three facts decide the path: PyTorch's kernel dispatch (`torch.backends.cpu.
+get_cpu_capability()`: "AVX512", "AVX2", ...; `ATEN_CPU_CAPABILITY=avx2` lowers it), the CPU's
+flags in /proc/cpuinfo (AVX2, AVX-512F, AVX-512-BF16, AMX), and whether oneDNN takes a weight
+in its blocked layout for this dtype at its instruction limit (`ONEDNN_MAX_CPU_ISA=AVX2` lowers
+it; bf16 needs AVX-512 BW/VL or AVX-NE-CONVERT). The choice, per format:
+
+- bf16: "onednn-packed" where oneDNN packs bf16; else "aten-linear", the library's unpacked
+  `F.linear` (on AVX2, measured the fastest bf16 path against an fp32 upcast, int8 products
+  and torch.compile: benchmarks/cpu_paths.py);
+- fp32: "onednn-packed" (weights from 1 MiB) where oneDNN packs fp32, else "aten-linear";
+- int8: "aten-int8pack-mm", PyTorch's weight-only int8 product (`torch._weight_int8pack_mm`,
+  one scale per output channel), on every x86 CPU.
+"""
+
+import functools
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+PATH_REASONS = {
+    "onednn-packed": "oneDNN on weights packed once in its blocked layout",
+    "aten-linear": "the library's unpacked F.linear",
+    "aten-int8pack-mm": "torch._weight_int8pack_mm, int8 weights with one scale per output channel",
+}
+FLAGS = ("avx2", "avx512f", "avx512bw", "avx512vl", "avx512_bf16", "amx_bf16", "amx_int8")
+
+
+@dataclass(frozen=True)
+class CpuPaths:
+    """What this process runs its products with (see the module docstring)."""
+
+    capability: str  # PyTorch's dispatch level
+    flags: tuple[str, ...]  # of FLAGS, those the CPU reports
+    onednn_max_isa: str | None  # the ONEDNN_MAX_CPU_ISA limit, if set
+    onednn_bf16: bool  # oneDNN packs bf16 weights here
+    onednn_fp32: bool
+    bf16: str
+    fp32: str
+    int8: str
+
+    @property
+    def family(self) -> str:
+        """The CPU family in one word: amx, avx512-bf16, avx512, avx2 or other (the flags, as
+        lowered by the dispatch level: ATEN_CPU_CAPABILITY=avx2 reads as avx2)."""
+        if self.capability not in ("AVX512", "AVX512_BF16", "AMX") or "avx512f" not in self.flags:
+            return "avx2" if "avx2" in self.flags else "other"
+        if "amx_bf16" in self.flags:
+            return "amx"
+        return "avx512-bf16" if "avx512_bf16" in self.flags else "avx512"
+
+    def path(self, dtype: torch.dtype | str) -> str:
+        """The product path of a weight format: a dtype, or "bf16", "fp32", "int8"."""
+        name = format_name(dtype)
+        if name not in ("bf16", "fp32", "int8"):
+            return "aten-linear"  # fp16 and others: the library's default path
+        return getattr(self, name)
+
+    def fallback(self, name: str) -> str | None:
+        """Why a format runs on the library's unpacked path here (None where it does not)."""
+        if getattr(self, name, None) != "aten-linear":
+            return None
+        needs = "AVX-512 BW/VL or AVX-NE-CONVERT" if name == "bf16" else "its x86 kernels"
+        limit = f"ONEDNN_MAX_CPU_ISA={self.onednn_max_isa}" if self.onednn_max_isa else "none"
+        return f"oneDNN does not pack {name} weights here: it needs {needs}, ISA limit {limit}"
+
+    def to_dict(self) -> dict:
+        return {
+            "torch": torch.__version__,
+            "capability": self.capability,
+            "family": self.family,
+            "flags": list(self.flags),
+            "onednn_max_isa": self.onednn_max_isa,
+            "paths": {"bf16": self.bf16, "fp32": self.fp32, "int8": self.int8},
+            "fallbacks": {n: self.fallback(n) for n in ("bf16", "fp32") if self.fallback(n)},
+        }
+
+
+def format_name(dtype: torch.dtype | str) -> str:
+    """ "bf16", "fp32", or the name as given ("int8", "float16", ...)."""
+    if isinstance(dtype, str):
+        return dtype
+    return {torch.bfloat16: "bf16", torch.float32: "fp32"}.get(
+        dtype, str(dtype).removeprefix("torch.")
+    )
+
+
+def weight_paths(expert_format: str | None, dense_format: str | torch.dtype) -> dict:
+    """A run's weight formats (experts; the dense products: attention, dense MLPs, head) and
+    the product path each takes here, with the CPU facts behind the choice (for reports)."""
+    paths = cpu_paths()
+    return {
+        "experts": expert_format,
+        "dense": format_name(dense_format),
+        "expert_path": paths.path(expert_format) if expert_format else None,
+        "dense_path": paths.path(dense_format),
+        "cpu": paths.to_dict(),
+    }
+
+
+def cpu_flags(cpuinfo: str | None = None) -> tuple[str, ...]:
+    """The FLAGS the first processor of /proc/cpuinfo lists (none where it is unreadable)."""
+    if cpuinfo is None:
+        try:
+            cpuinfo = Path("/proc/cpuinfo").read_text()
+        except OSError:
+            return ()
+    for line in cpuinfo.splitlines():
+        if line.startswith("flags"):
+            present = set(line.split(":", 1)[1].split())
+            return tuple(f for f in FLAGS if f in present)
+    return ()
+
+
+def onednn_packs(dtype: torch.dtype) -> bool:
+    """Whether oneDNN takes a weight of this dtype in its blocked layout on this CPU (at its
+    instruction limit): one small weight tried, as `moespec.kernels.linear.pack` does."""
+    if not torch.backends.mkldnn.is_available():
+        return False
+    if not hasattr(torch.ops.mkldnn, "_linear_pointwise"):
+        return False
+    try:
+        torch.ops.mkldnn._reorder_linear_weight(torch.zeros(16, 16, dtype=dtype), 1)
+    except RuntimeError:
+        return False
+    return True
+
+
+@functools.cache
+def cpu_paths() -> CpuPaths:
+    """This process's capability and chosen paths, detected on the first call."""
+    from moespec.provenance import cpu_capability  # the one reading of it
+
+    bf16, fp32 = onednn_packs(torch.bfloat16), onednn_packs(torch.float32)
+    return CpuPaths(
+        capability=cpu_capability() or "unknown",
+        flags=cpu_flags(),
+        onednn_max_isa=os.environ.get("ONEDNN_MAX_CPU_ISA"),
+        onednn_bf16=bf16,
+        onednn_fp32=fp32,
+        bf16="onednn-packed" if bf16 else "aten-linear",
+        fp32="onednn-packed" if fp32 else "aten-linear",
+        int8="aten-int8pack-mm",
+    )

@@ -1,0 +1,65 @@
+"""int8 weight-only quantization: one scale per output channel, symmetric, activations as they are.
+
+A [out, in] weight W is held as int8 values Q and scales s [out] in the activation dtype, with
+Q = round(W / s) clipped to [-127, 127] and s = max_j |W_ij| / 127, so that W ~ s * Q. A product
+x @ W.T runs as (x @ Q.T) * s (`torch._weight_int8pack_mm`), reading one byte per weight plus
+the scales: 0.5 of the bf16 bytes, plus 2 bytes per output channel.
+
+One scale per output channel rather than per 32-weight block (Q8_0): PyTorch has a fused kernel
+for the first on every x86 CPU and none for the second; measured on one [2048, 2048] product
+(benchmarks/cpu_paths.py), blocks through torch.compile ran at about half the speed.
+"""
+
+import torch
+
+INT8_MAX = 127
+# torch 2.13's AVX-512 `_weight_int8pack_mm` returns wrong values, or crashes, on bf16 and fp16
+# inputs whose length is not a multiple of 16 (measured; fp32 and AVX2 are right): such
+# weights (tiny test models only; real hidden sizes are multiples of 64) take the reference.
+FUSED_MULTIPLE = 16
+
+
+class Int8Weight:
+    """A [out, in] weight as int8 values and per-output-channel scales."""
+
+    __slots__ = ("values", "scales", "shape", "dtype", "nbytes")
+
+    def __init__(self, values: torch.Tensor, scales: torch.Tensor):
+        if values.dtype != torch.int8 or values.dim() != 2 or scales.shape != values.shape[:1]:
+            raise ValueError(
+                f"int8 weight wants int8 values [out, in] and scales [out], got "
+                f"{values.dtype} {tuple(values.shape)} and {tuple(scales.shape)}"
+            )
+        self.values, self.scales = values.contiguous(), scales.contiguous()
+        self.shape, self.dtype = tuple(values.shape), scales.dtype
+        self.nbytes = self.values.nbytes + self.scales.nbytes  # what a product reads
+
+    def dense(self) -> torch.Tensor:
+        """s * Q in the scales' dtype: the weight this int8 weight stands for (a copy)."""
+        return (self.values.float() * self.scales.float()[:, None]).to(self.dtype)
+
+
+def quantize_int8(weight: torch.Tensor) -> Int8Weight:
+    """Per-output-channel symmetric int8 of a [out, in] weight; scales in the weight's dtype."""
+    if weight.dim() != 2 or not weight.is_floating_point():
+        raise ValueError(f"int8 quantization wants a float [out, in] weight, got {weight.shape}")
+    w = weight.float()
+    scales = (w.abs().amax(dim=1) / INT8_MAX).to(weight.dtype)
+    safe = scales.float().clamp_min(torch.finfo(torch.float32).tiny)  # an all-zero row stays 0
+    values = torch.round(w / safe[:, None]).clamp(-INT8_MAX, INT8_MAX).to(torch.int8)
+    return Int8Weight(values, scales)
+
+
+def int8_product(x: torch.Tensor, weight: Int8Weight) -> torch.Tensor:
+    """x @ (s * Q).T as (x @ Q.T) * s, for x [..., in] in the scales' dtype."""
+    rows = x.reshape(-1, x.shape[-1]).contiguous()
+    if weight.shape[1] % FUSED_MULTIPLE:
+        return int8_reference(x, weight)
+    out = torch._weight_int8pack_mm(rows, weight.values, weight.scales)  # [R, out]
+    return out.view(*x.shape[:-1], weight.shape[0])
+
+
+def int8_reference(x: torch.Tensor, weight: Int8Weight) -> torch.Tensor:
+    """The int8 math in plain float32: (x Q^T) s, then rounded once to x's dtype (tests)."""
+    out = (x.float() @ weight.values.float().T) * weight.scales.float()
+    return out.to(x.dtype)
