@@ -207,18 +207,6 @@ RESULTS = [
         6,
     ),
     _scored("olmoe4L-fp32", OLMOE_4L, "fp32", 2, before=(MAKE_OLMOE_4L,)),
-    Result(
-        "scorecard-demo-bf16",
-        tuple(
-            f"scorecard/demo-bf16/{n}"
-            for n in ("plan.json", "bench.jsonl", "evaluation.json", *PLAN_FIGURES)
-        ),
-        (
-            "python benchmarks/scorecard.py demo-bf16 --threads 1 "
-            f"--out {RESULTS_DIR}/scorecard/demo-bf16 --force",
-        ),
-        50,
-    ),
     *(
         Result(
             f"llamacpp-{name}",
