@@ -19,6 +19,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from moespec.bench.stats import ratio_range  # noqa: E402
 from moespec.calibrate.plan import verify_documents  # noqa: E402
 from moespec.decoding import (  # noqa: E402
     DraftLengthPolicy,
@@ -105,11 +106,7 @@ def main(argv=None) -> int:
                 for inv in (1, 0)
             }
             summary[mode] = {
-                "invariant_over_off_tokens_per_second": {
-                    "median": statistics.median(ratios),
-                    "min": min(ratios),
-                    "max": max(ratios),
-                },
+                "invariant_over_off_tokens_per_second": ratio_range(ratios),
                 "same_tokens_as_plain": {
                     "invariant": same[1],
                     "off": same[0],

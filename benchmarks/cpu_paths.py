@@ -27,6 +27,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
+from moespec.bench.stats import ratio_range
 from moespec.files import write_json
 from moespec.kernels.cpu import cpu_paths, onednn_packs
 from moespec.kernels.quant import quantize_int8
@@ -162,11 +163,7 @@ def main(argv=None) -> int:
             "bytes": paths[name][1],
             "bytes_per_second": paths[name][1] / median,
             "bf16_equivalent_bytes_per_second": OUT * IN * 2 / median,
-            "speed_over_bf16_linear": {
-                "median": statistics.median(ratios),
-                "min": ratios[0],
-                "max": ratios[-1],
-            },
+            "speed_over_bf16_linear": ratio_range(ratios),
         }
         r = results[name]
         print(

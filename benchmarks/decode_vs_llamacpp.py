@@ -45,6 +45,7 @@ sys.path.insert(0, str(HERE))
 from fixed_time import read_bandwidths  # noqa: E402
 
 from moespec.bench.checkpoints import SHAPES, random_checkpoint  # noqa: E402
+from moespec.bench.stats import ratio_range  # noqa: E402
 from moespec.calibrate import llamacpp  # noqa: E402
 from moespec.calibrate.plan import verify_documents  # noqa: E402
 from moespec.calibrate.verify import measure_verify  # noqa: E402
@@ -203,8 +204,7 @@ def cpu_flags() -> list[str]:
 
 def paired(ours: list[float], theirs: list[float]) -> dict:
     """theirs / ours per round (ours' speedup when both are times), median and range."""
-    ratios = sorted(b / a for a, b in zip(ours, theirs, strict=True))
-    return {"median": statistics.median(ratios), "min": ratios[0], "max": ratios[-1]}
+    return ratio_range([b / a for a, b in zip(ours, theirs, strict=True)])
 
 
 def parse_args(argv):

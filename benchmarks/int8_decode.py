@@ -30,6 +30,7 @@ from pathlib import Path
 import torch
 
 from moespec.bench.checkpoints import SHAPES, random_checkpoint
+from moespec.bench.stats import ratio_range
 from moespec.calibrate.timing import read_bandwidth
 from moespec.decoding import KernelPolicy, generate
 from moespec.files import write_json
@@ -73,8 +74,9 @@ def per_token_bytes(model) -> int:
 
 def paired(samples: dict, numerator: str, denominator: str) -> dict:
     """Speedup of `denominator` over `numerator` per round: time ratio, median and range."""
-    ratios = sorted(a / b for a, b in zip(samples[numerator], samples[denominator], strict=True))
-    return {"median": statistics.median(ratios), "min": ratios[0], "max": ratios[-1]}
+    return ratio_range(
+        [a / b for a, b in zip(samples[numerator], samples[denominator], strict=True)]
+    )
 
 
 def time_engines(engines: dict, tokens: int, rounds: int) -> dict:

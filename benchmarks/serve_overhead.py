@@ -20,6 +20,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from moespec.bench.stats import ratio_range  # noqa: E402
 from moespec.decoding import Sampler, generate  # noqa: E402
 from moespec.files import write_json  # noqa: E402
 from moespec.provenance import provenance  # noqa: E402
@@ -134,11 +135,7 @@ def main(argv=None) -> int:
                 results[text] = {
                     "seconds": samples,
                     "median_seconds": {n: statistics.median(v) for n, v in samples.items()},
-                    "server_over_direct": {
-                        "median": statistics.median(ratios),
-                        "min": min(ratios),
-                        "max": max(ratios),
-                    },
+                    "server_over_direct": ratio_range(ratios),
                     "completion_tokens": tokens,
                     "median_tokens_per_second": {
                         n: tokens / statistics.median(v) for n, v in samples.items()
