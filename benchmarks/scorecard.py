@@ -5,10 +5,10 @@
     python benchmarks/plan_table.py benchmarks/results/scorecard/*/
 
 Makes the plan (`moespec plan`: benchmark, fits per layer, chain; resumed from bench.jsonl if
-interrupted) unless OUT/plan.json exists, then runs `moespec evaluate` on it in this process:
-verify phases and the oracle sweep interleaved on held-out text, the chain anchored on this
-run's tau(1), the six rules per version and the noise floor. Writes OUT/evaluation.json with
-the machine, versions and settings.
+interrupted) unless OUT/plan.json exists (--force: makes it afresh), then runs `moespec
+evaluate` on it in this process: verify phases and the oracle sweep interleaved on held-out
+text, the chain anchored on this run's tau(1), the six rules per version and the noise floor.
+Writes OUT/evaluation.json with the machine, versions and settings.
 """
 
 import argparse
@@ -47,7 +47,9 @@ def main(argv=None) -> int:
     parser.add_argument("--verify-repeats", type=int, default=3)
     parser.add_argument("--threads", type=int, help="torch intra-op threads (default: torch's)")
     parser.add_argument("--cache-dir", type=Path, default=Path("benchmarks/checkpoints"))
-    parser.add_argument("--force", action="store_true", help="overwrite evaluation.json")
+    parser.add_argument(
+        "--force", action="store_true", help="make the plan afresh and overwrite evaluation.json"
+    )
     args = parser.parse_args(argv)
     kind, dtype = CONFIGS[args.config]
     if args.threads is not None:
@@ -58,10 +60,11 @@ def main(argv=None) -> int:
     out = args.out / "evaluation.json"
     args.out.mkdir(parents=True, exist_ok=True)
     check_writable(out, force=args.force)
-    if not (args.out / "plan.json").exists():
+    if args.force or not (args.out / "plan.json").exists():
         from moespec.report.plan import write_report
 
-        write_report(make_plan(args.out, model_dir=model_dir, dtype=dtype), args.out)
+        plan = make_plan(args.out, model_dir=model_dir, dtype=dtype, force=args.force)
+        write_report(plan, args.out)
     plan = load_plan(args.out / "plan.json")
     model, tokenizer = load_model(model_dir, dtype=dtype)
     load_plan(args.out / "plan.json", model.config)

@@ -42,6 +42,7 @@ def python(code: str, **kwargs) -> subprocess.CompletedProcess:
         ["synth-trace", "--shape", "olmoe-1b-7b", "--tokens", "0", "--out", "x.parquet"],
         ["generate", "hello", "--plan", "no-such-plan.json"],
         ["plan", "--trace", "no-such-trace.parquet"],
+        ["plan", "--shape", "olmoe-1b-7b", "--device", "gpu"],
     ],
 )
 def test_a_bad_argument_fails_in_one_line_before_torch_is_imported(argv):

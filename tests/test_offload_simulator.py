@@ -197,3 +197,21 @@ def test_decisions_on_the_clock_only_add_time():
         profile = replace(ROUND, decisions_on_clock=on_clock)
         seconds[on_clock] = simulate(trace, make_policy("lru"), profile, settings).seconds
     assert seconds[True] > seconds[False]
+
+
+def test_this_machine_profile_is_measured_with_the_engine_kernel(tmp_path):
+    """`this-machine`: both tiers are this CPU, timed through moespec's expert kernels; the
+    profile's figures are positive, its overlap a share, and it reads back from JSON."""
+    import json
+    import math
+
+    from moespec.offload.sim.hardware import load_profile, measure_this_machine
+
+    profile = measure_this_machine(hidden_size=256, intermediate_size=64, repeats=2, kernel="slot")
+    assert profile.cpu_bandwidth == profile.accelerator_bandwidth > 0
+    assert math.isfinite(profile.cpu_bandwidth) and profile.link_bandwidth > 0
+    assert profile.cpu_expert_time >= 0 and profile.kernel_call_time >= 0
+    assert 0.0 <= profile.tier_overlap <= 1.0
+    path = tmp_path / "profile.json"
+    path.write_text(json.dumps(profile.to_dict()))
+    assert load_profile(path).cpu_bandwidth == profile.cpu_bandwidth

@@ -104,25 +104,22 @@ def kernel_runner(name: str, experts, top_k, settings, expert_ids):
 
 
 class Timer:
-    """CUDA-event times in microseconds, each run after writing a buffer larger than the L2."""
+    """CUDA-event times in microseconds, each run after writing a buffer larger than the L2:
+    the calibration's timer (`moespec.calibrate.timing.time_runs` on a CUDA device)."""
 
     def __init__(self, device: torch.device):
         l2 = getattr(torch.cuda.get_device_properties(device), "L2_cache_size", 0) or 2**26
+        self.device = device
         self.flush_bytes = max(4 * l2, 2**28)
         self.flush = torch.empty(self.flush_bytes // 4, dtype=torch.float32, device=device)
 
     def __call__(self, run, repeats: int) -> list[float]:
-        events = [
-            (torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
-            for _ in range(repeats)
-        ]
-        for start, end in events:
-            self.flush.zero_()
-            start.record()
-            run()
-            end.record()
-        torch.cuda.synchronize()
-        return [start.elapsed_time(end) * 1e3 for start, end in events]
+        from moespec.calibrate.timing import time_runs
+
+        seconds = time_runs(
+            run, repeats=repeats, warmup=0, flush=self.flush.zero_, device=self.device
+        )
+        return [s * 1e6 for s in seconds]
 
 
 def replayable(fn, eager: bool):

@@ -187,6 +187,18 @@ RESULTS = [
     _plan("demo-bf16", "", 1, figures=True),
     _scored("demo-bf16", "moespec/demo/target", "bf16", 3),
     Result(
+        "scorecard-demo-bf16",
+        tuple(
+            f"scorecard/demo-bf16/{n}"
+            for n in ("plan.json", "bench.jsonl", "evaluation.json", *PLAN_FIGURES)
+        ),
+        (
+            "python benchmarks/scorecard.py demo-bf16 "
+            f"--out {RESULTS_DIR}/scorecard/demo-bf16 --force",
+        ),
+        30,
+    ),
+    Result(
         "plan-olmoe4L-bf16",
         tuple(f"plans/olmoe4L-bf16/{n}" for n in ("plan.json", "bench.jsonl", *PLAN_FIGURES)),
         (

@@ -78,6 +78,9 @@ class ExpertOpBenchmark:
             "top_k": top_k,
             "layers": sorted(experts),
         }
+        device = next(iter(experts.values())).device
+        if device.type != "cpu":  # a run on another device never resumes a CPU run
+            self.header["device"] = str(device)
         for name in self.settings.kernels:
             get_kernel(name)  # unknown kernels fail before any timing
 
@@ -108,10 +111,13 @@ class ExpertOpBenchmark:
 
     def measure(self, case: Case, flush) -> dict:
         experts = self.experts[case.layer]
+        device = experts.device
         generator = torch.Generator().manual_seed(case.n_tokens)
-        x = torch.randn(case.n_tokens, experts.hidden_size, generator=generator).to(experts.dtype)
+        x = torch.randn(case.n_tokens, experts.hidden_size, generator=generator)
+        x = x.to(device=device, dtype=experts.dtype)
         ids = torch.as_tensor(self.ids_for(case), dtype=torch.long)
         weights = torch.softmax(torch.randn(ids.shape, generator=generator), dim=-1)
+        ids, weights = ids.to(device), weights.to(device)
         kernel = get_kernel(case.kernel)
         with torch.inference_mode():
             samples = time_runs(
@@ -119,6 +125,7 @@ class ExpertOpBenchmark:
                 repeats=self.settings.repeats,
                 warmup=self.settings.warmup,
                 flush=flush,
+                device=device,
             )
         median, iqr = median_iqr(samples)
         return {
@@ -137,7 +144,9 @@ class ExpertOpBenchmark:
         done = load_raw(raw_path, expect_header=self.header) if raw_path.exists() else []
         finished = {r["key"] for r in done}
         todo = [c for c in self.cases() if c.key not in finished]
-        flush = CacheFlusher(self.settings.flush_bytes) if self.settings.flush_bytes else None
+        device = next(iter(self.experts.values())).device
+        flush_bytes = self.settings.flush_bytes
+        flush = CacheFlusher(flush_bytes, device) if flush_bytes else None
         records = list(done)
         if raw_path.exists() and not raw_path.read_bytes().endswith(b"\n"):
             _drop_torn_line(raw_path)  # an interruption cut the last line short

@@ -11,12 +11,12 @@ fits on a synthetic trace fitted to the published reuse; the plan then holds the
 operation's crossover and bandwidths (there is no whole model to measure).
 """
 
-import itertools
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import numpy as np
+import torch
 
 from moespec.calibrate.bench import BenchSettings, ExpertOpBenchmark, random_experts
 from moespec.calibrate.bytes import model_bytes
@@ -30,6 +30,7 @@ from moespec.calibrate.predict import (
     times_from_measurements,
     verify_times,
 )
+from moespec.calibrate.texts import stdlib_documents, verify_documents, verify_text
 from moespec.calibrate.timing import read_bandwidth
 from moespec.calibrate.verify import measure_draft_time, measure_verify, verify_table
 from moespec.costmodel import crossover
@@ -58,33 +59,22 @@ from moespec.progress import Progress, using
 from moespec.provenance import provenance
 from moespec.routing.reuse import (
     check_not_degenerate,
-    document_part,
     document_statistics,
     estimate,
     split_trace,
 )
 from moespec.routing.trace import RoutingTrace
 
-__all__ = ["PLAN_FORMAT", "load_plan", "make_plan", "make_shape_plan", "model_signature"]
-
-
-def stdlib_documents(count: int = 24, max_chars: int = 6000):
-    """The embedded corpus for measuring: held-out standard-library files (never trained on by
-    the demo models), at most `count` of them, each cut to `max_chars` characters."""
-    from moespec.demo.corpus import held_out_documents
-
-    return held_out_documents(count, max_chars)
-
-
-def verify_documents(count: int = 4, max_chars: int = 20000):
-    """Held-out files of the test part (`document_part`) for whole-model verify times: never
-    in the fit part that U(n) and the benchmark windows come from."""
-    from moespec.demo.corpus import held_out_documents
-
-    documents = (
-        d for d in held_out_documents(max_chars=max_chars) if document_part(d.name) == "test"
-    )
-    return list(itertools.islice(documents, count))
+__all__ = [
+    "PLAN_FORMAT",
+    "load_plan",
+    "make_plan",
+    "make_shape_plan",
+    "model_signature",
+    "stdlib_documents",
+    "verify_documents",
+    "verify_text",
+]
 
 
 def model_signature(config) -> dict:
@@ -344,14 +334,6 @@ def routing_trace(model, tokenizer, trace_path, model_dir, progress: Progress) -
     return trace
 
 
-def verify_text(tokenizer) -> list[int]:
-    """Tokens of the test documents for whole-model passes (U(n) and the benchmark windows
-    come from the fit documents: the two are kept disjoint)."""
-    from moespec.routing.record import tokenize_documents
-
-    return [t for _, ids in tokenize_documents(tokenizer, verify_documents()) for t in ids]
-
-
 def draft_times(draft_dir, tokenizer, dtype, text, depth, max_n, progress) -> np.ndarray:
     """h(k), k = 0..max_n - 1, of the draft at draft_dir (zeros without one)."""
     from moespec.models import load_model
@@ -426,8 +408,7 @@ def choose_version(versions, measured: Measured, whole_times, draft_time):
 def plan_provenance(experts: ExpertWeights, settings: dict) -> Provenance:
     """Where the benchmark ran (the device of the experts it timed; packed: the CPU's), on
     what, from which commit, with which settings of the chain."""
-    device = "cpu" if experts.is_packed else str(experts.gate_up.device)
-    return Provenance(**provenance(device, settings))
+    return Provenance(**provenance(experts.device, settings))
 
 
 def weight_formats(expert_format, dense_format, expert_bytes: list[int]) -> WeightFormats:
@@ -441,15 +422,19 @@ def weight_formats(expert_format, dense_format, expert_bytes: list[int]) -> Weig
     return WeightFormats(**paths, expert_bytes=list(expert_bytes), byte_factor=1.0)
 
 
-def shape_experts(shape, dtype: str, weights: str | None, seed: int) -> ExpertWeights:
-    """One layer of random experts of the shape, held as a loaded model holds them: int8
-    (values and per-channel scales) for an int8 format, else packed in `dtype`."""
+def shape_experts(shape, dtype: str, weights: str | None, seed: int, device="cpu"):
+    """One layer of random experts of the shape on `device`, held as a loaded model holds
+    them: int8 (values and per-channel scales) for an int8 format, else in `dtype` (packed
+    on the CPU). int8 experts are a CPU format."""
     from moespec.models import INT8_FORMATS, check_weights, parse_dtype
 
     check_weights(weights, parse_dtype(dtype))
+    on_cpu = torch.device(device).type == "cpu"
     if weights in INT8_FORMATS:
+        if not on_cpu:
+            raise SettingError(f"int8 experts run on the CPU only, not on {device}")
         return random_experts(shape, parse_dtype(dtype), seed, pack=False).quantize_int8()
-    return random_experts(shape, parse_dtype(dtype), seed)
+    return random_experts(shape, parse_dtype(dtype), seed, device=device, pack=on_cpu)
 
 
 def make_shape_plan(out_dir: Path, *, progress: Progress | bool = True, **options) -> ShapePlan:
@@ -469,13 +454,16 @@ def shape_plan_chain(
     settings: BenchSettings | None = None,
     windows: int = 12,
     tokens: int = 20000,
+    device: str = "cpu",
     force: bool = False,
     progress: Progress,
 ) -> ShapePlan:
     """One full-size layer of random weights of a named shape, on a synthetic trace fitted to
     the shape's published layer-mean rho(2) (or `reuse2`): the expert operation's fits,
     bandwidths, epsilon, u(n), r(n), the saving summed over the model's L MoE layers and
-    its crossover. (No whole model exists, so no verify times or staircase.)"""
+    its crossover, all measured on `device` ("cpu", or a CUDA device: the same benchmark
+    and fits on a GPU's kernels, timed by CUDA events). (No whole model exists, so no verify
+    times or staircase.)"""
     from moespec.routing.shapes import get_shape
 
     started = time.perf_counter()
@@ -488,7 +476,7 @@ def shape_plan_chain(
     process, trace = shape_trace(shape, target, tokens, settings.seed, progress)
     layer = 0
     progress.start(f"making one layer of {shape.name}'s experts")
-    experts = shape_experts(shape, dtype, weights, settings.seed)
+    experts = shape_experts(shape, dtype, weights, settings.seed, device)
     windows_ids = windows_by_layer(trace, [layer], settings.pass_sizes, windows, settings.seed)
     header = {"shape": shape.name, "dtype": dtype, **({"weights": weights} if weights else {})}
     measured = bench_and_fit(
@@ -502,7 +490,7 @@ def shape_plan_chain(
         dtype=dtype,
         provenance=plan_provenance(experts, {"reuse2": target, "tokens": tokens}),
         bench=bench_run(settings, [layer], windows),
-        read_bandwidth=read_bandwidth(),
+        read_bandwidth=read_bandwidth(device=experts.device),
         fits=measured.fit_summaries(),
         bandwidth_error=measured.bandwidth_error,
         **measured.bandwidth_tables(),

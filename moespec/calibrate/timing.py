@@ -1,4 +1,10 @@
-"""Timing one operation honestly on a CPU: warm up, flush the caches, repeat, keep every sample."""
+"""Timing one operation honestly: warm up, flush the caches, repeat, keep every sample.
+
+On the CPU a run is timed by the host's clock around the call. On a CUDA device it is timed by
+CUDA events recorded on the stream around the run's kernels (the host only launches them), and
+the flush is a write of a buffer larger than the L2 on the same stream; the host waits once,
+after the last run.
+"""
 
 import statistics
 import time
@@ -10,10 +16,11 @@ FLUSH_BYTES = 256 * 2**20  # larger than the last-level cache of the machines we
 
 
 class CacheFlusher:
-    """Touches a buffer larger than the last-level cache, so the next run reads from memory."""
+    """Touches a buffer larger than the last-level cache (the L2 on a GPU), so the next run
+    reads from memory."""
 
-    def __init__(self, nbytes: int = FLUSH_BYTES):
-        self.buffer = torch.zeros(max(nbytes // 4, 1), dtype=torch.float32)
+    def __init__(self, nbytes: int = FLUSH_BYTES, device="cpu"):
+        self.buffer = torch.zeros(max(nbytes // 4, 1), dtype=torch.float32, device=device)
 
     def __call__(self) -> None:
         self.buffer.add_(1.0)
@@ -25,10 +32,14 @@ def time_runs(
     repeats: int,
     warmup: int = 2,
     flush: Callable[[], None] | None = None,
+    device="cpu",
 ) -> list[float]:
-    """Seconds of each of `repeats` runs of fn(), each after a cache flush (if given)."""
+    """Seconds of each of `repeats` runs of fn(), each after a cache flush (if given), on
+    `device` (the device fn's work runs on: "cpu", or a CUDA device timed by events)."""
     for _ in range(warmup):
         fn()
+    if torch.device(device).type == "cuda":
+        return _cuda_runs(fn, repeats, flush, device)
     samples = []
     for _ in range(repeats):
         if flush is not None:
@@ -37,6 +48,24 @@ def time_runs(
         fn()
         samples.append(time.perf_counter() - start)
     return samples
+
+
+def _cuda_runs(fn, repeats: int, flush, device) -> list[float]:
+    """Event-timed runs on the current stream of `device`; one host wait at the end."""
+    with torch.cuda.device(device):
+        events = [
+            (torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
+            for _ in range(repeats)
+        ]
+        torch.cuda.synchronize()
+        for start, end in events:
+            if flush is not None:
+                flush()
+            start.record()
+            fn()
+            end.record()
+        torch.cuda.synchronize()
+    return [start.elapsed_time(end) * 1e-3 for start, end in events]
 
 
 def quartiles(samples: list[float]) -> tuple[float, float, float]:
@@ -53,8 +82,8 @@ def median_iqr(samples: list[float]) -> tuple[float, float]:
     return statistics.median(samples), q3 - q1
 
 
-def read_bandwidth(nbytes: int = 1 << 30, repeats: int = 5) -> float:
-    """This machine's memory read bandwidth in bytes/s: the best of summing a large buffer."""
-    buffer = torch.ones(nbytes // 4, dtype=torch.float32)
-    samples = time_runs(lambda: buffer.sum(), repeats=repeats, warmup=1)
+def read_bandwidth(nbytes: int = 1 << 30, repeats: int = 5, device="cpu") -> float:
+    """The memory read bandwidth of `device` in bytes/s: the best of summing a large buffer."""
+    buffer = torch.ones(nbytes // 4, dtype=torch.float32, device=device)
+    samples = time_runs(lambda: buffer.sum(), repeats=repeats, warmup=1, device=device)
     return nbytes / min(samples)

@@ -74,6 +74,54 @@ def measure_verify(
     return records
 
 
+def verify_run(
+    model_dir,
+    *,
+    text=None,
+    dtype: str = "bf16",
+    weights: str | None = None,
+    kernels: Sequence[str] = ("slot", "dedup"),
+    max_n: int = 9,
+    depth: int = 256,
+    repeats: int = 10,
+    progress: Progress | None = None,
+) -> dict:
+    """What `moespec measure-verify` records: the checkpoint at `model_dir` loaded as `dtype`
+    (and `weights`), its verify passes of n = 1..max_n tokens per kernel on the tokens of
+    `text` (a file; default: the test documents the plan measures on, `calibrate.texts`), with
+    the model, weight paths, depth, every record and the provenance."""
+    from pathlib import Path
+
+    from moespec.calibrate.texts import verify_text
+    from moespec.demo import describe
+    from moespec.kernels.cpu import weight_paths
+    from moespec.models import load_model
+    from moespec.provenance import provenance
+
+    model, tokenizer = load_model(model_dir, dtype=dtype, weights=weights)
+    tokens = tokenizer.encode(Path(text).read_text()) if text else verify_text(tokenizer)
+    records = measure_verify(
+        model,
+        tokens,
+        depth=depth,
+        pass_sizes=tuple(range(1, max_n + 1)),
+        kernels=kernels,
+        repeats=repeats,
+        progress=progress,
+    )
+    return {
+        "model": describe(model_dir),
+        "dtype": dtype,
+        "weights": weight_paths(model.expert_format, model.dense_format),
+        "text": str(text) if text else "the test documents of moespec.calibrate.texts",
+        "depth": depth,
+        "records": records,
+        "provenance": provenance(
+            model.embed.device, {"kernels": list(kernels), "repeats": repeats}
+        ),
+    }
+
+
 def measure_draft_time(
     draft: Transformer,
     tokens: Sequence[int],

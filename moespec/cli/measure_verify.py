@@ -28,7 +28,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--text",
         metavar="FILE",
         type=existing_file,
-        help="text to verify (default: embedded corpus)",
+        help="text to verify (default: the held-out test documents the plan measures on)",
     )
     parser.add_argument("--kernels", default="slot,dedup")
     parser.add_argument("--max-n", type=positive_int, default=9)
@@ -44,61 +44,41 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from pathlib import Path
-
-    weights = resolve_weights(args)
-    from moespec.calibrate.plan import stdlib_documents
-    from moespec.calibrate.verify import measure_verify
+    from moespec.calibrate.verify import verify_run
     from moespec.files import check_writable, write_json
-    from moespec.models import load_model
+    from moespec.progress import Progress, show_progress
 
     if args.out:
         check_writable(args.out, force=args.force)
-    if args.model:
-        model_dir = Path(args.model)
-    else:
-        from moespec.demo import demo_paths
-
-        model_dir = demo_paths()[0]
-    model, tokenizer = load_model(model_dir, dtype=args.dtype, weights=weights)
-    if args.text:
-        tokens = tokenizer.encode(Path(args.text).read_text())
-    else:
-        tokens = [t for d in stdlib_documents(4, 20000) for t in tokenizer.encode(d.text)]
+    model_dir = args.model or default_model()
     kernels = tuple(k.strip() for k in args.kernels.split(","))
-    from moespec.progress import Progress, show_progress
-
     with Progress(show_progress(quiet=args.json)) as progress:
-        records = measure_verify(
-            model,
-            tokens,
-            depth=args.depth,
-            pass_sizes=tuple(range(1, args.max_n + 1)),
+        result = verify_run(
+            model_dir,
+            text=args.text,
+            dtype=args.dtype,
+            weights=resolve_weights(args),
             kernels=kernels,
+            max_n=args.max_n,
+            depth=args.depth,
             repeats=args.repeats,
             progress=progress,
         )
-    from moespec.demo import describe
-    from moespec.kernels.cpu import weight_paths
-    from moespec.provenance import provenance
-
-    result = {
-        "model": describe(model_dir),
-        "dtype": args.dtype,
-        "weights": weight_paths(model.expert_format, model.dense_format),
-        "depth": args.depth,
-        "records": records,
-        "provenance": provenance(model.embed.device, {"kernels": kernels, "repeats": args.repeats}),
-    }
     if args.out:
         write_json(args.out, result, force=args.force)
     if args.json:
         print(json.dumps(result))
         return 0
-    medians = {(r["kernel"], r["n_tokens"]): r["median"] for r in records}
+    medians = {(r["kernel"], r["n_tokens"]): r["median"] for r in result["records"]}
     print(f"{'n':>3} " + " ".join(f"{k + ' (ms)':>14}" for k in kernels) + "   S(n) (ms)")
     for n in range(1, args.max_n + 1):
         row = [medians[(k, n)] * 1e3 for k in kernels]
         saving = row[0] - row[1] if len(row) > 1 else float("nan")
         print(f"{n:>3} " + " ".join(f"{v:>14.3f}" for v in row) + f"   {saving:>9.3f}")
     return 0
+
+
+def default_model():
+    from moespec.demo import demo_paths
+
+    return demo_paths()[0]

@@ -66,6 +66,30 @@ def resolve_weights(args: argparse.Namespace) -> str | None:
     return None
 
 
+def device_name(text: str) -> str:
+    """An argparse type: "cpu", "cuda" or "cuda:N" (whether this machine has it is checked
+    when the command runs: `require_device`)."""
+    name = text.strip().lower()
+    index = name.removeprefix("cuda:")
+    if name in ("cpu", "cuda") or (name.startswith("cuda:") and index.isdigit()):
+        return name
+    raise argparse.ArgumentTypeError(f"unknown device {text!r}; choose cpu, cuda or cuda:N")
+
+
+def require_device(name: str, flag: str = "--device") -> str:
+    """The device name, after checking this machine has it (one line naming the flag if not)."""
+    if name == "cpu":
+        return name
+    import torch
+
+    if not torch.cuda.is_available():
+        raise ValueError(f"{flag} {name}: CUDA is not available on this machine")
+    index, count = int(name.partition(":")[2] or 0), torch.cuda.device_count()
+    if index >= count:
+        raise ValueError(f"{flag} {name}: this machine has {count} CUDA devices")
+    return name
+
+
 def at_least(low: int):
     """An argparse type: an integer >= low."""
 

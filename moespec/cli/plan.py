@@ -29,10 +29,12 @@ from moespec.cli.options import (
     add_weights,
     at_least,
     checkpoint_dir,
+    device_name,
     existing_file,
     non_negative_int,
     number_in,
     positive_int,
+    require_device,
     resolve_weights,
 )
 
@@ -72,6 +74,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         action="store_true",
         help="one fit over all benchmarked layers (default: each layer its own, as seed 000)",
     )
+    parser.add_argument(
+        "--device",
+        type=device_name,
+        default="cpu",
+        metavar="cpu|cuda[:N]",
+        help="where to benchmark: with --shape, cuda runs the same benchmark and fits on the "
+        "GPU's kernels (timed by CUDA events); whole-model plans run on the CPU",
+    )
     parser.add_argument("--force", action="store_true", help="overwrite an existing plan")
     parser.add_argument("--json", action="store_true", help="print the plan as JSON")
     parser.add_argument(
@@ -95,6 +105,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     from pathlib import Path
 
+    if args.device != "cpu" and (args.engine != "moespec" or not args.shape):
+        raise ValueError(
+            f"--device {args.device} plans a --shape (one layer of the expert operation); "
+            "moespec's whole-model engine and the llama.cpp plan run on the CPU"
+        )
     if args.engine == "llamacpp":
         return run_llamacpp(args)
 
@@ -123,6 +138,7 @@ def run(args: argparse.Namespace) -> int:
             weights=weights,
             settings=settings,
             windows=args.windows,
+            device=require_device(args.device),
             force=args.force,
             progress=not args.json,
         )

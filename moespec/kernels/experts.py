@@ -119,6 +119,12 @@ class ExpertWeights:
         return self.packed_gate_up is not None
 
     @property
+    def device(self) -> torch.device:
+        """Where the experts' products run: the CPU when packed (the oneDNN and int8 layouts
+        are CPU layouts), else the stacked tensors' device."""
+        return torch.device("cpu") if self.is_packed else self.gate_up.device
+
+    @property
     def format(self) -> str:
         """The experts' weight format: "int8", or the dtype's name ("bf16", "fp32", ...)."""
         if self.packed_gate_up is not None and isinstance(self.packed_gate_up[0], Int8Weight):

@@ -21,7 +21,6 @@ machine it runs on; `load_profile(path)` reads any profile from JSON (a calibrat
 
 import json
 import os
-import time
 from dataclasses import MISSING, asdict, dataclass, fields
 from pathlib import Path
 
@@ -235,13 +234,40 @@ def load_profile(path) -> HardwareProfile:
 
 
 def _best_time(fn, repeats: int) -> float:
-    fn()  # warm caches and lazy initialisation
-    best = float("inf")
-    for _ in range(repeats):
-        start = time.perf_counter()
-        fn()
-        best = min(best, time.perf_counter() - start)
-    return best
+    """The best of `repeats` runs after one warm-up (caches and lazy initialisation)."""
+    from moespec.calibrate.timing import time_runs
+
+    return min(time_runs(fn, repeats=repeats, warmup=1))
+
+
+def _one_expert(hidden_size: int, intermediate_size: int, count: int = 1):
+    """`count` float32 experts of the given size, unpacked, as the engine's kernels take them."""
+    import torch
+
+    from moespec.kernels import ExpertWeights
+
+    return ExpertWeights(
+        torch.randn(count, 2 * intermediate_size, hidden_size),
+        torch.randn(count, hidden_size, intermediate_size),
+    )
+
+
+def _expert_run(experts, tokens: int, expert: int = 0, kernel: str = "dedup"):
+    """f(): the engine's `kernel` applying one expert to `tokens` rows (one group of rows)."""
+    import torch
+
+    from moespec.kernels import get_kernel
+
+    run_kernel = get_kernel(kernel)
+    x = torch.randn(tokens, experts.hidden_size)
+    ids = torch.full((tokens, 1), expert, dtype=torch.long)
+    gates = torch.ones(tokens, 1)
+
+    def run():
+        with torch.inference_mode():
+            return run_kernel(x, ids, gates, experts)
+
+    return run
 
 
 def measure_this_machine(
@@ -251,9 +277,10 @@ def measure_this_machine(
 
     link_bandwidth: a 64 MiB tensor copied into another (bytes of the expert store moved per
     second, the copy a CPU engine does between its host store and its "device" cache);
-    cpu/accelerator bandwidth: one SwiGLU expert of the given size applied to one token
-    (three matvecs), weight bytes over the best time; fixed time: the same expert at 1/16 of the
-    size, what does not shrink with the bytes; FLOP rate: the extra time of 16 tokens over 1.
+    cpu/accelerator bandwidth: one expert of the given size applied to one token by the
+    engine's deduplicating kernel (`moespec.kernels`), weight bytes over the best time; fixed
+    time: the same expert at 1/16 of the size, what does not shrink with the bytes; FLOP
+    rate: the extra time of 16 tokens over 1 (one group of 16 rows).
     The expert is float32: torch's CPU bf16 matvec paths vary by shape by up to 100x, and a
     bandwidth is bytes read per second whatever their type. With `kernel` (a moespec expert
     kernel's name), the fixed times come from that kernel as the engine calls it
@@ -270,16 +297,8 @@ def measure_this_machine(
     link_bandwidth = source.numel() / copy_time
 
     def expert_time(h: int, i: int, tokens: int = 1) -> tuple[float, int]:
-        w1 = torch.randn(i, h)
-        w3 = torch.randn(i, h)
-        w2 = torch.randn(h, i)
-        x = torch.randn(tokens, h)
-
-        def run():
-            y = torch.nn.functional.silu(x @ w1.T) * (x @ w3.T)
-            return y @ w2.T
-
-        return _best_time(run, repeats), 3 * h * i * 4
+        experts = _one_expert(h, i)
+        return _best_time(_expert_run(experts, tokens), repeats), experts.bytes_per_expert
 
     seconds, nbytes = expert_time(hidden_size, intermediate_size)
     small_seconds, small_bytes = expert_time(hidden_size // 4, intermediate_size // 4)
@@ -326,49 +345,44 @@ def kernel_times(kernel: str, hidden_size: int, intermediate_size: int, bandwidt
     as the engine calls a tier: U rows, one expert each (U = 1 and 4), float32 experts."""
     import torch
 
-    from moespec.kernels import ExpertWeights, get_kernel
+    from moespec.kernels import get_kernel
 
-    run_kernel, experts = get_kernel(kernel), 4
-    weights = ExpertWeights(
-        torch.randn(experts, 2 * intermediate_size, hidden_size),
-        torch.randn(experts, hidden_size, intermediate_size),
-    )
-    w = 3 * hidden_size * intermediate_size * 4
+    run_kernel, count = get_kernel(kernel), 4
+    experts = _one_expert(hidden_size, intermediate_size, count)
+    w = experts.bytes_per_expert
 
-    def timed(count: int) -> float:
-        x = torch.randn(count, hidden_size)
-        ids = torch.arange(count)[:, None]
-        gates = torch.ones(count, 1)
+    def timed(rows: int) -> float:
+        x = torch.randn(rows, hidden_size)
+        ids = torch.arange(rows)[:, None]
+        gates = torch.ones(rows, 1)
         with torch.inference_mode():
-            return _best_time(lambda: run_kernel(x, ids, gates, weights), repeats)
+            return _best_time(lambda: run_kernel(x, ids, gates, experts), repeats)
 
-    one, four = timed(1), timed(experts)
-    per_expert = max((four - one) / (experts - 1) - w / bandwidth, 0.0)
+    one, four = timed(1), timed(count)
+    per_expert = max((four - one) / (count - 1) - w / bandwidth, 0.0)
     return max(one - per_expert - w / bandwidth, 0.0), per_expert
 
 
 def tier_overlap(hidden_size: int, intermediate_size: int, repeats: int = 5) -> float:
-    """How far two tiers' expert work overlaps on this machine, in [0, 1]: one expert product
-    alone (t1) against two at once in two threads (t2), 2 - t2 / t1 (1: in parallel, as two
-    devices; 0: one after the other, as on one busy core)."""
+    """How far two tiers' expert work overlaps on this machine, in [0, 1]: the engine's kernel
+    on one expert alone (t1) against two experts at once in two threads (t2), 2 - t2 / t1 (1:
+    in parallel, as two devices; 0: one after the other, as on one busy core)."""
     import threading
 
-    import torch
+    experts = _one_expert(hidden_size, intermediate_size, 2)
+    runs = [_expert_run(experts, 1, expert) for expert in (0, 1)]
 
-    weights = [torch.randn(3 * intermediate_size, hidden_size) for _ in range(2)]
-    x = torch.randn(1, hidden_size)
-
-    def product(w, times=20):
+    def product(run, times=20):
         for _ in range(times):
-            x @ w.T
+            run()
 
     def both():
-        threads = [threading.Thread(target=product, args=(w,)) for w in weights]
+        threads = [threading.Thread(target=product, args=(run,)) for run in runs]
         for t in threads:
             t.start()
         for t in threads:
             t.join()
 
-    alone = _best_time(lambda: product(weights[0]), repeats)
+    alone = _best_time(lambda: product(runs[0]), repeats)
     together = _best_time(both, repeats)
     return min(max(2.0 - together / alone, 0.0), 1.0)

@@ -1,0 +1,34 @@
+"""The texts calibration measures on: held-out standard-library files of the embedded corpus
+(never trained on by the demo models), split by document into a fit part (the routing trace
+that U(n) and the benchmark windows come from) and a test part (whole-model passes), so the two
+never share a document (`moespec.routing.reuse.document_part`)."""
+
+import itertools
+
+from moespec.routing.reuse import document_part
+
+
+def stdlib_documents(count: int = 24, max_chars: int = 6000):
+    """The embedded corpus for measuring: held-out standard-library files, at most `count` of
+    them, each cut to `max_chars` characters."""
+    from moespec.demo.corpus import held_out_documents
+
+    return held_out_documents(count, max_chars)
+
+
+def verify_documents(count: int = 4, max_chars: int = 20000):
+    """Held-out files of the test part for whole-model verify times: never in the fit part
+    that U(n) and the benchmark windows come from."""
+    from moespec.demo.corpus import held_out_documents
+
+    documents = (
+        d for d in held_out_documents(max_chars=max_chars) if document_part(d.name) == "test"
+    )
+    return list(itertools.islice(documents, count))
+
+
+def verify_text(tokenizer) -> list[int]:
+    """Tokens of the test documents, one after another, for whole-model passes."""
+    from moespec.routing.record import tokenize_documents
+
+    return [t for _, ids in tokenize_documents(tokenizer, verify_documents()) for t in ids]
