@@ -148,7 +148,7 @@ def main(argv=None) -> int:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--trace-documents", type=int, default=24, help="files traced for U(n)")
     parser.add_argument("--cache-dir", type=Path, default=Path("benchmarks/checkpoints"))
-    parser.add_argument("--work", type=Path, default=Path("benchmarks/results/tmp"))
+    parser.add_argument("--work", type=Path, default=Path("benchmarks/checkpoints/plan-check"))
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--force", action="store_true")
     args = parser.parse_args(argv)

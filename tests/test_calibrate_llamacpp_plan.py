@@ -41,6 +41,17 @@ def test_a_term_the_data_would_make_negative_is_left_out():
     assert fit.per_token_ >= 0 and fit.seconds_per_byte_ >= 0 and fit.fixed_ > 0
 
 
+def test_a_time_growing_from_near_zero_keeps_its_slope():
+    """Times whose unconstrained fit has a slightly negative intercept (measured on llama.cpp's
+    Q8_0 OLMoE-shaped model: 22 ms at n = 1, +21 ms per token): the non-negative fit drops
+    t_0, not the slope (a constant would predict every n at the mean, 113% off)."""
+    seconds = [-3e-3 + 21e-3 * n for n in N]
+    fit = VerifyFit().fit(N, [0.0] * len(N), seconds)
+    assert fit.fixed_ == 0 and fit.per_token_ == pytest.approx(21e-3 - 3e-3 * 45 / 285, rel=1e-9)
+    predicted = fit.predict(N, [0.0] * len(N))
+    assert max(abs(p - s) / s for p, s in zip(predicted[1:], seconds[1:], strict=True)) < 0.1
+
+
 def test_the_flags_draft_exactly_k_tokens_or_none():
     assert llamacpp_flags(0, "d.gguf") == {"speculate": False, "draft_length": 0, "args": []}
     flags = llamacpp_flags(3, "d.gguf")

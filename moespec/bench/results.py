@@ -142,7 +142,7 @@ RESULTS = [
         "captured-step",
         ("captured_step.json",),
         (
-            "python benchmarks/captured_step.py --rounds 3 --profile "
+            "python benchmarks/captured_step.py --rounds 3 --profile --force "
             f"--out {RESULTS_DIR}/captured_step.json",
         ),
         15,
@@ -241,7 +241,7 @@ RESULTS = [
         ("llamacpp_plan_check.json",),
         (
             "python benchmarks/llamacpp_plan_check.py --shape olmoe --types bf16,q8_0 "
-            "--threads 1 --tokens 16 --rounds 1 --depth 32 --verify-repeats 3 "
+            "--threads 1 --tokens 16 --rounds 2 --depth 32 --verify-repeats 3 "
             f"--trace-documents 2 --out {RESULTS_DIR}/llamacpp_plan_check.json --force",
         ),
         20,

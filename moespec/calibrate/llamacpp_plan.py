@@ -51,11 +51,14 @@ class VerifyFit:
         columns = np.column_stack([np.ones(len(n_tokens)), n_tokens, expert_bytes]).astype(float)
         seconds = np.asarray(seconds, dtype=float)
         best = None
-        # every subset of the terms holding t_0; the best fit whose coefficients are all >= 0
-        for extra in itertools.chain.from_iterable(
-            itertools.combinations((1, 2), r) for r in range(3)
+        # Non-negative least squares, exactly: its optimum is the unconstrained fit on some
+        # subset of the terms, so the best fit over every non-empty subset whose coefficients
+        # are all >= 0 is it. t_0 may drop out too: a time that grows from near zero would
+        # otherwise leave only a constant (every fit holding t_0 with a slope negative in t_0).
+        for used in itertools.chain.from_iterable(
+            itertools.combinations((0, 1, 2), r) for r in range(1, 4)
         ):
-            used = [0, *extra]
+            used = list(used)
             coef, *_ = np.linalg.lstsq(columns[:, used], seconds, rcond=None)
             if (coef < 0).any():
                 continue
