@@ -19,7 +19,8 @@ For each GGUF of the checkpoint (written by moespec's exporter), at --threads th
    reversed on odd rounds), the median per cell;
 3. seed 000's rules (moespec.calibrate.score): k̂* within one of the measured best at >= 9 of
    11 acceptances, throughput lost by following the plan <= 6%, and verify time within 15%
-   at n >= 2 against the sweep's own passes (a measurement the plan never saw).
+   at n >= 2 against the sweep's own passes (a measurement the plan never saw); beside them the
+   noise floor: the k* and loss rules with k* from the sweep's own V(k).
 
 The machine may be shared: the load average is recorded beside the results.
 """
@@ -40,7 +41,11 @@ from decode_vs_llamacpp import PROMPT, cpu_flags, gguf_files  # noqa: E402
 from moespec.bench.checkpoints import SHAPES, random_checkpoint  # noqa: E402
 from moespec.calibrate import llamacpp  # noqa: E402
 from moespec.calibrate.llamacpp_plan import ACCEPTANCE_GRID, llamacpp_plan  # noqa: E402
-from moespec.calibrate.score import rule_best_draft_length, rule_verify_time  # noqa: E402
+from moespec.calibrate.score import (  # noqa: E402
+    noise_floor,
+    rule_best_draft_length,
+    rule_verify_time,
+)
 from moespec.files import check_writable, write_json  # noqa: E402
 from moespec.models import Tokenizer  # noqa: E402
 from moespec.provenance import machine  # noqa: E402
@@ -131,6 +136,11 @@ def check_one(path: Path, directory: Path, args) -> dict:
             "throughput lost <= 6%": loss_rule,
             "verify time within 15% (n >= 2)": verify_rule,
         },
+        # the same two rules with k* from the sweep's own V(k) = its median pass of k + 1
+        # tokens (the oracle drafts for free): what the sweep's noise lets any plan reach
+        "noise_floor": noise_floor(
+            {"step_times": measured["verify_median"], "by_acceptance": measured["by_acceptance"]}
+        ),
     }
 
 
@@ -174,6 +184,9 @@ def main(argv=None) -> int:
             kind,
             {rule: f"{'holds' if ok else 'fails'} ({d})" for rule, (ok, d) in r["rules"].items()},
         )
+        floor = {rule: f"{'holds' if ok else 'fails'} ({d})" for rule, (ok, d) in
+                 r["noise_floor"].items()}  # fmt: skip
+        print("  noise floor", floor)
         for a, row in r["by_acceptance"].items():
             print(f"  a={a:>5} k_hat={row['k_hat']} best={row['k_best']} loss={row['loss']:.1%}")
     return 0
