@@ -241,10 +241,10 @@ RESULTS = [
         ("llamacpp_plan_check.json",),
         (
             "python benchmarks/llamacpp_plan_check.py --shape olmoe --types bf16,q8_0 "
-            "--threads 1 --tokens 16 --rounds 2 --depth 32 --verify-repeats 3 "
+            "--threads 1 --tokens 128 --rounds 2 --depth 32 --verify-repeats 3 "
             f"--trace-documents 2 --out {RESULTS_DIR}/llamacpp_plan_check.json --force",
         ),
-        20,
+        37,
     ),
     Result(
         "int8-decode",
