@@ -27,6 +27,8 @@ sys.path.insert(0, str(HERE))
 
 from fixed_time import PROMPT, read_bandwidths, step_bytes  # noqa: E402
 
+from moespec.bench.stats import ratio_range  # noqa: E402
+
 
 def timed(run, n) -> tuple[float, float]:
     wall, cpu = time.perf_counter(), time.process_time()
@@ -140,17 +142,13 @@ def summarize(measured: dict, nbytes: int, beta: float) -> dict:
             "fixed_ms_cpu": (statistics.median(cpu) - nbytes / beta) * 1e3,
         }
     for clock, index in (("wall", 0), ("cpu", 1)):
-        ratios = sorted(
+        ratios = [
             e[index] / c[index]
             for e, c in zip(
                 measured["samples"]["eager"], measured["samples"]["compiled"], strict=True
             )
-        )
-        out[f"compiled_speedup_paired_{clock}"] = {
-            "median": statistics.median(ratios),
-            "min": ratios[0],
-            "max": ratios[-1],
-        }
+        ]
+        out[f"compiled_speedup_paired_{clock}"] = ratio_range(ratios)
     return out
 
 

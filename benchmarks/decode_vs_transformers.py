@@ -20,6 +20,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from moespec.bench.checkpoints import SHAPES, random_checkpoint  # noqa: E402
+from moespec.bench.stats import ratio_range  # noqa: E402
 from moespec.calibrate.timing import read_bandwidth  # noqa: E402
 from moespec.decoding import KernelPolicy, generate  # noqa: E402
 from moespec.files import write_json  # noqa: E402
@@ -109,12 +110,8 @@ def main(argv=None) -> int:
     for name in results:
         results[name]["moespec_speedup"] = ours_rate / results[name]["tokens_per_second"]
         # Runs of one repeat are back to back: their ratio cancels slow drift of the machine.
-        paired = sorted(b / a for a, b in zip(samples["moespec-slot"], samples[name], strict=True))
-        results[name]["moespec_speedup_paired"] = {
-            "median": statistics.median(paired),
-            "min": paired[0],
-            "max": paired[-1],
-        }
+        paired = [b / a for a, b in zip(samples["moespec-slot"], samples[name], strict=True)]
+        results[name]["moespec_speedup_paired"] = ratio_range(paired)
     report = {
         "benchmark": "decode_vs_transformers",
         "provenance": provenance(),

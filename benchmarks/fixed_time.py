@@ -200,6 +200,9 @@ def llamacpp_missing(gguf) -> str | None:
 
 def summarize(samples: dict, bandwidth: dict, nbytes: dict) -> dict:
     """Per arm: tokens/s, ms per token, fixed ms; paired per-round ratios against moespec."""
+    # imported here: a worker of this script loads moespec from the tree it times
+    from moespec.bench.stats import ratio_range
+
     results = {}
     for (engine, name, threads), seconds in samples.items():
         median = statistics.median(seconds)
@@ -219,12 +222,8 @@ def summarize(samples: dict, bandwidth: dict, nbytes: dict) -> dict:
         }
     for (engine, name, threads), seconds in samples.items():
         ours = samples[("moespec", name, threads)]
-        ratios = sorted(b / a for a, b in zip(ours, seconds, strict=True))  # moespec speedup
-        results[f"{engine}/{name}/{threads}"]["moespec_speedup_paired"] = {
-            "median": statistics.median(ratios),
-            "min": ratios[0],
-            "max": ratios[-1],
-        }
+        ratios = [b / a for a, b in zip(ours, seconds, strict=True)]  # moespec speedup
+        results[f"{engine}/{name}/{threads}"]["moespec_speedup_paired"] = ratio_range(ratios)
     return results
 
 
