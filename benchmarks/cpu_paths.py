@@ -18,6 +18,7 @@ and ONEDNN_MAX_CPU_ISA=AVX2, which lower the dispatch to AVX2 on an AVX-512 mach
 """
 
 import argparse
+import functools
 import os
 import statistics
 import sys
@@ -29,6 +30,7 @@ import torch.nn.functional as F
 
 from moespec.bench.stats import ratio_range
 from moespec.files import write_json
+from moespec.kernels import native
 from moespec.kernels.cpu import cpu_paths, onednn_packs
 from moespec.kernels.quant import quantize_int8
 from moespec.provenance import provenance
@@ -36,6 +38,12 @@ from moespec.provenance import provenance
 AVX2 = {"ATEN_CPU_CAPABILITY": "avx2", "ONEDNN_MAX_CPU_ISA": "AVX2"}
 
 OUT, IN, BLOCK = 2048, 2048, 32
+# moespec's native loops, each where the CPU has it: on the pair / group layouts (the paths
+# moespec.kernels.cpu chooses from) and row by row (candidates)
+NATIVE_PAIRS = {"moespec_bf16_pairs": "avx512_bf16", "moespec_bf16_pairs_avx2": "avx2"}
+NATIVE_GROUPS = {"moespec_int8_groups_avx512": "avx512bw", "moespec_int8_groups_avx2": "avx2"}
+NATIVE_BF16 = {"moespec_bf16_avx2": "avx2"}
+NATIVE_INT8 = {"moespec_int8_avx512": "avx512bw", "moespec_int8_avx2": "avx2"}
 
 
 def blocks(weight: torch.Tensor):
@@ -59,18 +67,19 @@ def block_reduction(x, values, scales):
     return (parts * scales.float()).sum(-1).to(x.dtype)[None]
 
 
-def candidates(weights: list[torch.Tensor]) -> dict:
+def candidates(weights: list[torch.Tensor], rows: int = 1) -> dict:
     """{path: (product of weight i, bytes it reads)}."""
-    x = torch.randn(1, IN).bfloat16()
+    x = torch.randn(rows, IN).bfloat16()
     xf = x.float()
     fp32 = [w.float() for w in weights]
     int8 = [quantize_int8(w) for w in weights]
+    rows8 = [q.rows() for q in int8]  # [out, in] values, whatever layout moespec holds
     q8_0 = [blocks(w) for w in weights]
     paths = {
         "bf16 F.linear": (lambda i: F.linear(x, weights[i]), OUT * IN * 2),
         "fp32 upcast F.linear": (lambda i: F.linear(xf, fp32[i]), OUT * IN * 4),
         "int8 channel _weight_int8pack_mm": (
-            lambda i: torch._weight_int8pack_mm(x, int8[i].values, int8[i].scales),
+            lambda i: torch._weight_int8pack_mm(x, rows8[i], int8[i].scales),
             int8[0].nbytes,
         ),
     }
@@ -86,12 +95,50 @@ def candidates(weights: list[torch.Tensor]) -> dict:
             lambda i: torch.ops.quantized.linear_dynamic(xf, packs[i], True),
             OUT * IN + OUT * 8,
         )
+    flags = set(cpu_paths().flags)
+    for function, flag in NATIVE_PAIRS.items():
+        if native.native().has(function) and flag in flags:
+            pairs = [native.pack_pairs(w) for w in weights]
+            paths[f"bf16 native {function.removeprefix('moespec_bf16_')}"] = (
+                functools.partial(
+                    lambda i, f, p: native_call(f, p[i], x, OUT, IN), f=function, p=pairs
+                ),
+                OUT * IN * 2,
+            )
+    for function, flag in NATIVE_GROUPS.items():
+        if native.native().has(function) and flag in flags:
+            groups = [native.pack_groups(r) for r in rows8]
+            paths[f"int8 native {function.removeprefix('moespec_int8_')}"] = (
+                functools.partial(
+                    lambda i, f, g: native_call(f, g[i], x, OUT, IN, int8[i].scales),
+                    f=function,
+                    g=groups,
+                ),
+                int8[0].nbytes,
+            )
+    for function, flag in NATIVE_BF16.items():
+        if native.native().has(function) and flag in flags:
+            paths[f"bf16 native {function.removeprefix('moespec_bf16_')}"] = (
+                functools.partial(lambda i, f: native.bf16_product(f, x, weights[i]), f=function),
+                OUT * IN * 2,
+            )
+    for function, flag in NATIVE_INT8.items():
+        if native.native().has(function) and flag in flags:
+            paths[f"int8 native {function.removeprefix('moespec_int8_')}"] = (
+                functools.partial(
+                    lambda i, f: native.int8_product(f, x, rows8[i], int8[i].scales),
+                    f=function,
+                ),
+                int8[0].nbytes,
+            )
+    if rows > 1:  # the reductions below are one-row products
+        return paths
     reduction = torch.compile(bf16_reduction, dynamic=False)
     paths["bf16 torch.compile"] = (lambda i: reduction(x[0], weights[i]), OUT * IN * 2)
     channel = torch.compile(channel_reduction, dynamic=False)
     block = torch.compile(block_reduction, dynamic=False)
     paths["int8 channel torch.compile"] = (
-        lambda i: channel(x[0], int8[i].values, int8[i].scales),
+        lambda i: channel(x[0], rows8[i], int8[i].scales),
         int8[0].nbytes,
     )
     paths["int8 Q8_0 blocks torch.compile"] = (
@@ -99,6 +146,29 @@ def candidates(weights: list[torch.Tensor]) -> dict:
         OUT * IN + q8_0[0][1].nbytes,
     )
     return paths
+
+
+def native_call(function, weight, x, out_size, in_size, scales=None):
+    """One native product, called as moespec.kernels.native calls it (ctypes, no checks)."""
+    out = torch.empty(x.shape[0], out_size, dtype=torch.bfloat16)
+    lib = native.native().lib
+    threads = torch.get_num_threads()
+    if scales is None:
+        getattr(lib, function)(
+            weight.data_ptr(), x.data_ptr(), out.data_ptr(), out_size, in_size, x.shape[0], threads
+        )
+    else:
+        getattr(lib, function)(
+            weight.data_ptr(),
+            scales.data_ptr(),
+            x.data_ptr(),
+            out.data_ptr(),
+            out_size,
+            in_size,
+            x.shape[0],
+            threads,
+        )
+    return out
 
 
 def dynamic_int8(weights: list[torch.Tensor]) -> list:
@@ -124,6 +194,7 @@ def main(argv=None) -> int:
     parser.add_argument("--weights", type=int, default=24, help="distinct weights cycled")
     parser.add_argument("--rounds", type=int, default=7)
     parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--rows", type=int, default=1, help="rows per product (a pass of n)")
     parser.add_argument("--note", default="")
     parser.add_argument("--avx2", action="store_true", help="lower the dispatch to AVX2")
     parser.add_argument("--out", type=Path, required=True)
@@ -140,7 +211,7 @@ def main(argv=None) -> int:
     weights = [
         (torch.randn(OUT, IN, generator=generator) * 0.02).bfloat16() for _ in range(args.weights)
     ]
-    paths = candidates(weights)
+    paths = candidates(weights, args.rows)
     samples = {name: [] for name in paths}
     with torch.inference_mode():
         for product, _ in paths.values():  # compile and warm every path alike
@@ -174,7 +245,7 @@ def main(argv=None) -> int:
         "benchmark": "cpu_paths",
         "provenance": provenance(settings={"threads": args.threads}),
         "cpu": cpu_paths().to_dict(),
-        "settings": {**vars(args), "out": str(args.out), "shape": [OUT, IN], "rows": 1},
+        "settings": {**vars(args), "out": str(args.out), "shape": [OUT, IN]},
         "results": results,
     }
     write_json(args.out, report, force=args.force)

@@ -8,7 +8,7 @@
 One checkpoint (a random-weight one of real expert shapes written by moespec.bench.checkpoints, a
 demo model, or --model DIR), run by four engines in one process:
 
-- "moespec": this tree, `--weights` (bf16 or fp32; a new weight format adds an entry to
+- "moespec": this tree, `--weights` (bf16, fp32 or int8; a new weight format adds an entry to
   MOESPEC_WEIGHTS), `--kernel` slot or dedup, its thread policy (moespec.kernels.threads)
   under torch.set_num_threads(T);
 - "llama.cpp-bf16", "llama.cpp-q8_0": the same checkpoint written as GGUF by moespec's own
@@ -55,7 +55,11 @@ from moespec.models import load_config, load_model  # noqa: E402
 from moespec.provenance import machine  # noqa: E402
 
 PROMPT = "def fibonacci(n):"
-MOESPEC_WEIGHTS = {"bf16": {"dtype": "bf16"}, "fp32": {"dtype": "fp32"}}
+MOESPEC_WEIGHTS = {
+    "bf16": {"dtype": "bf16"},
+    "fp32": {"dtype": "fp32"},
+    "int8": {"dtype": "bf16", "weights": "int8"},  # experts and dense products, bf16 activations
+}
 GGUF_TYPES = ("bf16", "q8_0")
 CPU_FLAGS = ("avx2", "fma", "f16c", "avx512f", "avx512_vnni", "avx512_bf16", "amx_bf16")
 

@@ -188,7 +188,7 @@ def generate_text(
         tokens=tokens,
         text=tokenizer.decode(tokens),
         threads=model.thread_plan(),
-        weights=weight_paths(model.expert_format, model.dense_format),
+        weights=weight_paths(model.expert_format, model.dense_format, model.dtype),
         batch_invariant=model.batch_invariant,
         summary=arms.summary(records, comparison),
         records=records,

@@ -165,7 +165,10 @@ def test_json_reports_int8_experts_and_the_paths_they_run_on(checkpoint_dir, cap
     assert main([*args, "--weights", "int8", "--draft", "none"]) == 0
     weights = json.loads(capsys.readouterr().out)["weights"]
     assert weights["experts"] == "int8" and weights["dense"] == "int8"
-    assert weights["expert_path"] == weights["dense_path"] == "aten-int8pack-mm"
+    # bf16 activations: the native int8 loops where they run, else PyTorch's kernel
+    native = cpu_paths().native_int8 is not None
+    path = "native-groups" if native else "aten-int8pack-mm"
+    assert weights["expert_path"] == weights["dense_path"] == path
     assert weights["cpu"]["capability"] == cpu_paths().capability
 
 

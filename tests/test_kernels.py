@@ -7,7 +7,7 @@ import torch
 
 from moespec.kernels import KERNELS, ExpertWeights, get_kernel
 from moespec.kernels.cpu import cpu_paths
-from moespec.kernels.linear import PackedWeight, pack
+from moespec.kernels.linear import pack
 
 HIDDEN, INTER = 48, 24
 TOLERANCE = {torch.float32: 2e-5, torch.bfloat16: 2e-2}
@@ -32,11 +32,12 @@ GRID = [
 
 
 def packs_bf16() -> bool:
-    """Whether oneDNN packs bf16 weights on this CPU (it needs AVX-512 BW/VL or AMX)."""
-    return isinstance(pack(torch.zeros(16, 16, dtype=torch.bfloat16)), PackedWeight)
+    """Whether bf16 weights take a layout of their own on this CPU: the native pair layout
+    (AVX-512-BF16) or oneDNN's (AVX-512 BW/VL)."""
+    return not isinstance(pack(torch.zeros(16, 16, dtype=torch.bfloat16)), torch.Tensor)
 
 
-NO_BF16_PACKING = cpu_paths().fallback("bf16") or "oneDNN packs bf16 here"
+NO_BF16_PACKING = cpu_paths().fallback("bf16") or "bf16 weights are packed here"
 
 # Packed cases are bf16 only: fp32 experts this small are never packed (below 1 MiB;
 # test_kernels_on_packed_fp32_experts_match_reference packs larger ones), and dedup-linear

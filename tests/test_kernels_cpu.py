@@ -12,6 +12,7 @@ import torch
 from moespec.cli import main
 from moespec.kernels.cpu import CpuPaths, cpu_flags, cpu_paths
 from moespec.kernels.linear import PackedWeight, pack
+from moespec.kernels.native import PairWeight
 
 ROOT = Path(__file__).resolve().parent.parent
 AVX2_ONLY = {"ATEN_CPU_CAPABILITY": "avx2", "ONEDNN_MAX_CPU_ISA": "AVX2"}
@@ -24,6 +25,9 @@ def paths(capability: str, flags: tuple[str, ...], bf16: bool = True) -> CpuPath
         onednn_max_isa=None,
         onednn_bf16=bf16,
         onednn_fp32=True,
+        native="turned off by MOESPEC_NATIVE",
+        native_bf16=None,
+        native_int8=None,
         bf16="onednn-packed" if bf16 else "aten-linear",
         fp32="onednn-packed",
         int8="aten-int8pack-mm",
@@ -61,6 +65,7 @@ def test_the_chosen_path_of_each_format_and_why_it_fell_back():
 def test_packing_follows_the_chosen_bf16_path():
     packed = pack(torch.zeros(16, 16, dtype=torch.bfloat16))
     assert isinstance(packed, PackedWeight) == (cpu_paths().bf16 == "onednn-packed")
+    assert isinstance(packed, PairWeight) == (cpu_paths().bf16 == "native-pairs")
 
 
 def test_env_prints_one_line_per_fact(capsys):
@@ -71,6 +76,7 @@ def test_env_prints_one_line_per_fact(capsys):
         "torch",
         "cpu capability",
         "onednn max isa",
+        "native loops",
         "bf16 path",
         "fp32 path",
         "int8 path",
@@ -80,8 +86,8 @@ def test_env_prints_one_line_per_fact(capsys):
     assert lines[1].startswith(f"cpu capability: {torch.backends.cpu.get_cpu_capability()} ")
 
 
-def run_avx2(code: str) -> str:
-    env = {**os.environ, **AVX2_ONLY, "PYTHONPATH": str(ROOT)}
+def run_avx2(code: str, **env) -> str:
+    env = {**os.environ, **AVX2_ONLY, "PYTHONPATH": str(ROOT), **env}
     result = subprocess.run(
         [sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120
     )
@@ -89,20 +95,43 @@ def run_avx2(code: str) -> str:
     return result.stdout
 
 
-def test_on_an_avx2_dispatch_bf16_falls_back_to_unpacked_weights_and_says_so():
-    if "avx2" not in cpu_flags():
-        pytest.skip("this CPU has no AVX2: there is no AVX2 path to force")
-    out = run_avx2(
-        "import json, torch\n"
-        "from moespec.cli import main\n"
-        "from moespec.kernels import ExpertWeights\n"
-        "main(['env', '--json'])\n"
-        "e = ExpertWeights(torch.zeros(2, 32, 16).bfloat16(), torch.zeros(2, 16, 16).bfloat16())\n"
-        "print(json.dumps({'packed': e.pack().is_packed}))\n"
-    )
-    facts, used = (json.loads(line) for line in out.splitlines())
+AVX2_FACTS = (
+    "import json, torch\n"
+    "from moespec.cli import main\n"
+    "from moespec.kernels import ExpertWeights\n"
+    "main(['env', '--json'])\n"
+    "e = ExpertWeights(torch.zeros(2, 32, 16).bfloat16(), torch.zeros(2, 16, 16).bfloat16())\n"
+    "print(json.dumps({'packed': e.pack().is_packed}))\n"
+)
+
+
+def test_on_an_avx2_dispatch_bf16_takes_the_avx2_native_loops():
+    if "avx2" not in cpu_flags() or "fma" not in cpu_flags():
+        pytest.skip("this CPU has no AVX2 with FMA: there is no AVX2 path to force")
+    facts, used = (json.loads(line) for line in run_avx2(AVX2_FACTS).splitlines())
     assert facts["capability"] == "AVX2" and facts["family"] == "avx2"
     assert facts["onednn_max_isa"] == "AVX2"
+    if facts["native"] != "available":
+        pytest.skip(f"the native loops do not build here: {facts['native']}")
+    assert facts["paths"] == {
+        "bf16": "native-pairs",
+        "fp32": "onednn-packed",
+        "int8": "native-groups",
+    }
+    assert facts["native_functions"] == {
+        "bf16": "moespec_bf16_pairs_avx2",
+        "int8": "moespec_int8_groups_avx2",
+    }
+    assert used == {"packed": True}
+
+
+def test_on_an_avx2_dispatch_without_native_loops_bf16_falls_back_and_says_so(tmp_path):
+    if "avx2" not in cpu_flags():
+        pytest.skip("this CPU has no AVX2: there is no AVX2 path to force")
+    out = run_avx2(AVX2_FACTS, MOESPEC_NATIVE="0", MOESPEC_CACHE=str(tmp_path))
+    facts, used = (json.loads(line) for line in out.splitlines())
+    assert facts["capability"] == "AVX2" and facts["family"] == "avx2"
     assert facts["paths"]["bf16"] == "aten-linear" and "bf16" in facts["fallbacks"]
+    assert "turned off by MOESPEC_NATIVE" in facts["fallbacks"]["bf16"]
     assert facts["paths"]["int8"] == "aten-int8pack-mm"
     assert used == {"packed": False}

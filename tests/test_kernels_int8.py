@@ -28,7 +28,7 @@ def test_quantization_is_within_half_a_step_of_each_weight():
     weight = torch.randn(32, 64, generator=torch.Generator().manual_seed(0))
     weight[3] = 0  # an all-zero channel stays zero (no division by a zero scale)
     q = quantize_int8(weight)
-    assert q.values.dtype == torch.int8 and q.values.abs().max() <= 127
+    assert q.rows().dtype == torch.int8 and q.rows().abs().max() <= 127
     step = q.scales[:, None]
     assert ((q.dense() - weight).abs() <= step / 2 + 1e-7).all()
     assert torch.equal(q.dense()[3], torch.zeros(64))

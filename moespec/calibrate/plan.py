@@ -288,7 +288,10 @@ def plan_chain(
         layer_fits=measured.layer_fit_summaries(),
         kernel_bandwidth_error=measured.errors,
         weights=weight_formats(
-            model.expert_format, model.dense_format, [e.bytes_per_expert for e in experts.values()]
+            model.expert_format,
+            model.dense_format,
+            [e.bytes_per_expert for e in experts.values()],
+            model.dtype,
         ),
     )
     plan.save(plan_path, force=force)
@@ -411,13 +414,15 @@ def plan_provenance(experts: ExpertWeights, settings: dict) -> Provenance:
     return Provenance(**provenance(experts.device, settings))
 
 
-def weight_formats(expert_format, dense_format, expert_bytes: list[int]) -> WeightFormats:
+def weight_formats(
+    expert_format, dense_format, expert_bytes: list[int], activations=None
+) -> WeightFormats:
     """The plan's weight formats and product paths (`moespec.kernels.cpu`), with w_l as held
     and the byte factor f_l (seed 000 Table 6): both kernels read each expert's held bytes
     (int8 values and scales, or the dtype's) once per read, so f_l = 1 in either format."""
     from moespec.kernels.cpu import weight_paths
 
-    paths = weight_paths(expert_format, dense_format)
+    paths = weight_paths(expert_format, dense_format, activations)
     del paths["cpu"]  # the provenance records the CPU
     return WeightFormats(**paths, expert_bytes=list(expert_bytes), byte_factor=1.0)
 
@@ -507,7 +512,9 @@ def shape_plan_chain(
             measured.dedup_kernel,
         ),
         seconds=time.perf_counter() - started,
-        weights=weight_formats(experts.format, experts.dtype, [experts.bytes_per_expert]),
+        weights=weight_formats(
+            experts.format, experts.dtype, [experts.bytes_per_expert], experts.dtype
+        ),
     )
     plan.save(out_dir / "plan.json", force=force)
     return plan

@@ -112,7 +112,7 @@ def verify_run(
     return {
         "model": describe(model_dir),
         "dtype": dtype,
-        "weights": weight_paths(model.expert_format, model.dense_format),
+        "weights": weight_paths(model.expert_format, model.dense_format, model.dtype),
         "text": str(text) if text else "the test documents of moespec.calibrate.texts",
         "depth": depth,
         "records": records,

@@ -1,7 +1,8 @@
 """What this machine runs moespec's products with, one fact per line.
 
 The torch version, PyTorch's kernel dispatch level (`ATEN_CPU_CAPABILITY` lowers it), the
-CPU's family and flags, oneDNN's instruction limit (`ONEDNN_MAX_CPU_ISA`), the product path
+CPU's family and flags, oneDNN's instruction limit (`ONEDNN_MAX_CPU_ISA`), whether moespec's
+native loops run here (or why not: `moespec.kernels.native`), the product path
 chosen for bf16, fp32 and int8 weights (moespec.kernels.cpu), and the intra-op threads.
 """
 
@@ -29,6 +30,7 @@ def run(args: argparse.Namespace) -> int:
         f"torch: {facts['torch']}",
         f"cpu capability: {facts['capability']} (family {facts['family']}; flags {flags})",
         f"onednn max isa: {facts['onednn_max_isa'] or 'not limited'}",
+        f"native loops: {facts['native']}",
     ]
     for name, path in facts["paths"].items():
         why = facts["fallbacks"].get(name)

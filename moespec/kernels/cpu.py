@@ -6,7 +6,10 @@ flags in /proc/cpuinfo (AVX2, AVX-512F, AVX-512-BF16, AMX), and whether oneDNN t
 in its blocked layout for this dtype at its instruction limit (`ONEDNN_MAX_CPU_ISA=AVX2` lowers
 it; bf16 needs AVX-512 BW/VL or AVX-NE-CONVERT). The choice, per format:
 
-- bf16: "onednn-packed" where oneDNN packs bf16; else "aten-linear", the library's unpacked
+- bf16: "native-pairs" on AVX-512-BF16 where moespec's native loops build
+  (`moespec.kernels.native`: weights in vdpbf16ps's pair layout, 1.3-2x oneDNN for 1-9 rows,
+  batch-invariant by construction); else "onednn-packed" where oneDNN packs bf16; else
+  "aten-linear", the library's unpacked
   `F.linear` (on AVX2, measured the fastest bf16 path against an fp32 upcast, int8 products
   and torch.compile: benchmarks/cpu_paths.py);
 - fp32: "onednn-packed" (weights from 1 MiB) where oneDNN packs fp32, else "aten-linear";
@@ -22,11 +25,13 @@ from pathlib import Path
 import torch
 
 PATH_REASONS = {
+    "native-pairs": "moespec's native vdpbf16ps loops on weights in the pair layout",
     "onednn-packed": "oneDNN on weights packed once in its blocked layout",
     "aten-linear": "the library's unpacked F.linear",
     "aten-int8pack-mm": "torch._weight_int8pack_mm, int8 weights with one scale per output channel",
+    "native-groups": "moespec's native loops on int8 weights in groups of 64 output rows",
 }
-FLAGS = ("avx2", "avx512f", "avx512bw", "avx512vl", "avx512_bf16", "amx_bf16", "amx_int8")
+FLAGS = ("avx2", "fma", "avx512f", "avx512bw", "avx512vl", "avx512_bf16", "amx_bf16", "amx_int8")
 
 
 @dataclass(frozen=True)
@@ -38,34 +43,46 @@ class CpuPaths:
     onednn_max_isa: str | None  # the ONEDNN_MAX_CPU_ISA limit, if set
     onednn_bf16: bool  # oneDNN packs bf16 weights here
     onednn_fp32: bool
+    native: str | None  # why the native loops do not run here (None: they do)
+    native_bf16: str | None  # the native bf16 function chosen (moespec.kernels.native)
+    native_int8: str | None
     bf16: str
     fp32: str
     int8: str
 
     @property
     def family(self) -> str:
-        """The CPU family in one word: amx, avx512-bf16, avx512, avx2 or other (the flags, as
-        lowered by the dispatch level: ATEN_CPU_CAPABILITY=avx2 reads as avx2)."""
-        if self.capability not in ("AVX512", "AVX512_BF16", "AMX") or "avx512f" not in self.flags:
-            return "avx2" if "avx2" in self.flags else "other"
-        if "amx_bf16" in self.flags:
-            return "amx"
-        return "avx512-bf16" if "avx512_bf16" in self.flags else "avx512"
+        """The CPU family in one word (`cpu_family`)."""
+        return cpu_family(self.capability, self.flags)
 
-    def path(self, dtype: torch.dtype | str) -> str:
-        """The product path of a weight format: a dtype, or "bf16", "fp32", "int8"."""
+    def path(self, dtype: torch.dtype | str, activations: torch.dtype | str | None = None) -> str:
+        """The product path of a weight format: a dtype, or "bf16", "fp32", "int8" (int8
+        weights take the native loops with bf16 activations only; None: bf16)."""
         name = format_name(dtype)
         if name not in ("bf16", "fp32", "int8"):
             return "aten-linear"  # fp16 and others: the library's default path
+        if name == "int8" and activations is not None and format_name(activations) != "bf16":
+            return "aten-int8pack-mm"
         return getattr(self, name)
 
     def fallback(self, name: str) -> str | None:
-        """Why a format runs on the library's unpacked path here (None where it does not)."""
+        """Why a format runs on a slower path than this CPU family's best (None where not)."""
+        if (
+            name == "bf16"
+            and self.bf16 == "onednn-packed"
+            and self.family
+            in (
+                "amx",
+                "avx512-bf16",
+            )
+        ):
+            return f"native bf16 loops not used: {self.native}"
         if getattr(self, name, None) != "aten-linear":
             return None
         needs = "AVX-512 BW/VL or AVX-NE-CONVERT" if name == "bf16" else "its x86 kernels"
         limit = f"ONEDNN_MAX_CPU_ISA={self.onednn_max_isa}" if self.onednn_max_isa else "none"
-        return f"oneDNN does not pack {name} weights here: it needs {needs}, ISA limit {limit}"
+        why = f"oneDNN does not pack {name} weights here: it needs {needs}, ISA limit {limit}"
+        return why + (f"; native loops: {self.native}" if name == "bf16" and self.native else "")
 
     def to_dict(self) -> dict:
         return {
@@ -74,9 +91,21 @@ class CpuPaths:
             "family": self.family,
             "flags": list(self.flags),
             "onednn_max_isa": self.onednn_max_isa,
+            "native": self.native or "available",
+            "native_functions": {"bf16": self.native_bf16, "int8": self.native_int8},
             "paths": {"bf16": self.bf16, "fp32": self.fp32, "int8": self.int8},
             "fallbacks": {n: self.fallback(n) for n in ("bf16", "fp32") if self.fallback(n)},
         }
+
+
+def cpu_family(capability: str, flags: tuple[str, ...]) -> str:
+    """amx, avx512-bf16, avx512, avx2 or other: the flags, as lowered by PyTorch's dispatch
+    level (ATEN_CPU_CAPABILITY=avx2 reads as avx2)."""
+    if capability not in ("AVX512", "AVX512_BF16", "AMX") or "avx512f" not in flags:
+        return "avx2" if "avx2" in flags else "other"
+    if "amx_bf16" in flags:
+        return "amx"
+    return "avx512-bf16" if "avx512_bf16" in flags else "avx512"
 
 
 def format_name(dtype: torch.dtype | str) -> str:
@@ -88,15 +117,18 @@ def format_name(dtype: torch.dtype | str) -> str:
     )
 
 
-def weight_paths(expert_format: str | None, dense_format: str | torch.dtype) -> dict:
+def weight_paths(
+    expert_format: str | None, dense_format: str | torch.dtype, activations=None
+) -> dict:
     """A run's weight formats (experts; the dense products: attention, dense MLPs, head) and
-    the product path each takes here, with the CPU facts behind the choice (for reports)."""
+    the product path each takes here with those activations (the model's dtype), with the
+    CPU facts behind the choice (for reports)."""
     paths = cpu_paths()
     return {
         "experts": expert_format,
         "dense": format_name(dense_format),
-        "expert_path": paths.path(expert_format) if expert_format else None,
-        "dense_path": paths.path(dense_format),
+        "expert_path": paths.path(expert_format, activations) if expert_format else None,
+        "dense_path": paths.path(dense_format, activations),
         "cpu": paths.to_dict(),
     }
 
@@ -132,16 +164,26 @@ def onednn_packs(dtype: torch.dtype) -> bool:
 @functools.cache
 def cpu_paths() -> CpuPaths:
     """This process's capability and chosen paths, detected on the first call."""
+    from moespec.kernels.native import layout_function
     from moespec.provenance import cpu_capability  # the one reading of it
 
     bf16, fp32 = onednn_packs(torch.bfloat16), onednn_packs(torch.float32)
-    return CpuPaths(
+    facts = dict(
         capability=cpu_capability() or "unknown",
         flags=cpu_flags(),
         onednn_max_isa=os.environ.get("ONEDNN_MAX_CPU_ISA"),
+    )
+    family = cpu_family(facts["capability"], facts["flags"])
+    pairs, why_not = layout_function("pairs", family)
+    groups, why_not_groups = layout_function("groups", family)
+    return CpuPaths(
+        **facts,
         onednn_bf16=bf16,
         onednn_fp32=fp32,
-        bf16="onednn-packed" if bf16 else "aten-linear",
+        native=why_not or why_not_groups,
+        native_bf16=pairs,
+        native_int8=groups,
+        bf16="native-pairs" if pairs else "onednn-packed" if bf16 else "aten-linear",
         fp32="onednn-packed" if fp32 else "aten-linear",
-        int8="aten-int8pack-mm",
+        int8="native-groups" if groups else "aten-int8pack-mm",
     )

@@ -12,6 +12,7 @@ import torch.nn.functional as F
 
 from moespec.kernels.cpu import format_name
 from moespec.kernels.linear import PackedWeight, dense, pack
+from moespec.kernels.native import PairWeight
 from moespec.kernels.quant import Int8Weight, quantize_int8
 
 
@@ -149,7 +150,7 @@ class ExpertWeights:
             return self
         gate_up = [pack(self.gate_up[e]) for e in range(self.num_experts)]
         down = [pack(self.down[e]) for e in range(self.num_experts)]
-        if not any(isinstance(w, PackedWeight) for w in gate_up + down):
+        if not any(isinstance(w, PackedWeight | PairWeight) for w in gate_up + down):
             return self  # nothing pays on this CPU for this dtype and shape
         self.packed_gate_up, self.packed_down = gate_up, down
         self.gate_up = torch.empty(self.gate_up.shape, dtype=self.dtype, device="meta")

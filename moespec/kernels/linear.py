@@ -6,7 +6,8 @@ here, and its fp32 path for 2-9 rows about 10 GB/s, while oneDNN on weights re-l
 results. `pack(weight)` returns such a packed weight where it pays (bf16 always; fp32 from
 1 MiB, below which the library's fixed cost dominates) and where oneDNN packs that dtype on this
 CPU (`moespec.kernels.cpu`: bf16 needs AVX-512 BW/VL; on AVX2 bf16 weights stay unpacked);
-`linear(x, weight)` takes a dense, a packed or an int8 weight (`moespec.kernels.quant`).
+`linear(x, weight)` takes a dense, a packed, a pair-layout (`moespec.kernels.native`, the
+bf16 path on AVX-512-BF16) or an int8 weight (`moespec.kernels.quant`).
 """
 
 import torch
@@ -14,6 +15,7 @@ import torch.nn.functional as F
 
 from moespec.kernels.cpu import cpu_paths
 from moespec.kernels.invariance import chunked, is_batch_invariant
+from moespec.kernels.native import PairWeight, pairs_product
 from moespec.kernels.quant import Int8Weight, int8_product
 from moespec.kernels.threads import intra_op_threads, product_threads
 
@@ -39,11 +41,14 @@ def packing_available(dtype: torch.dtype = torch.bfloat16) -> bool:
     return cpu_paths().path(dtype) == "onednn-packed"
 
 
-def pack(weight) -> "torch.Tensor | PackedWeight | Int8Weight":
-    """The weight packed for oneDNN where that is this CPU's path for its dtype, else the
-    weight itself (int8 weights have their own kernel and stay as they are)."""
+def pack(weight) -> "torch.Tensor | PackedWeight | PairWeight | Int8Weight":
+    """The weight in the layout of this CPU's path for its dtype (moespec.kernels.cpu): the
+    native pair layout or oneDNN's blocked one, else the weight itself (int8 weights have
+    their own kernel and stay as they are)."""
     if not isinstance(weight, torch.Tensor) or weight.device.type != "cpu" or weight.dim() != 2:
         return weight
+    if weight.dtype == torch.bfloat16 and cpu_paths().bf16 == "native-pairs":
+        return PairWeight(weight)
     if weight.dtype == torch.float32 and weight.nbytes < PACK_FP32_MIN_BYTES:
         return weight
     if not packing_available(weight.dtype):
@@ -59,6 +64,9 @@ def linear(x: torch.Tensor, weight, bias: torch.Tensor | None = None) -> torch.T
     threads its size calls for (moespec.kernels.threads); under batch invariance, in row
     chunks that give each row its one-row bits (moespec.kernels.invariance)."""
     rows = x.numel() // x.shape[-1]
+    if isinstance(weight, PairWeight) or getattr(weight, "groups", None) is not None:
+        # the native layouts: batch-invariant by construction, never chunked
+        return _product(x, weight, bias, product_threads(weight.nbytes, rows))
     invariant = is_batch_invariant()
     threads = product_threads(weight.nbytes, 1 if invariant else rows)
     if threads is not None and threads != torch.get_num_threads():
@@ -73,15 +81,18 @@ def _rows(x, weight, bias, invariant: bool) -> torch.Tensor:
     return chunked(x, weight, lambda a, w: _product(a, w, bias), bias is not None)
 
 
-def _product(x: torch.Tensor, weight, bias: torch.Tensor | None) -> torch.Tensor:
+def _product(x: torch.Tensor, weight, bias: torch.Tensor | None, threads=None) -> torch.Tensor:
+    if isinstance(weight, PairWeight):
+        out = pairs_product(x, weight, threads)
+        return out if bias is None else out + bias
     if isinstance(weight, PackedWeight):
         return torch.ops.mkldnn._linear_pointwise(x, weight.packed, bias, "none", [None], "")
     if isinstance(weight, Int8Weight):
-        out = int8_product(x, weight)
+        out = int8_product(x, weight, threads)
         return out if bias is None else out + bias
     return F.linear(x, weight, bias)
 
 
 def dense(weight) -> torch.Tensor:
     """The ordinary tensor of a dense, packed or int8 weight."""
-    return weight.dense() if isinstance(weight, PackedWeight | Int8Weight) else weight
+    return weight.dense() if isinstance(weight, PackedWeight | PairWeight | Int8Weight) else weight

@@ -2,8 +2,10 @@
 
 A [out, in] weight W is held as int8 values Q and scales s [out] in the activation dtype, with
 Q = round(W / s) clipped to [-127, 127] and s = max_j |W_ij| / 127, so that W ~ s * Q. A product
-x @ W.T runs as (x @ Q.T) * s (`torch._weight_int8pack_mm`), reading one byte per weight plus
-the scales: 0.5 of the bf16 bytes, plus 2 bytes per output channel.
+x @ W.T runs as (x @ Q.T) * s, reading one byte per weight plus the scales: 0.5 of the bf16
+bytes, plus 2 bytes per output channel. Where moespec's native loops run (`moespec.kernels.
+native`, bf16 activations), Q is held in groups of 64 output rows (`pack_groups`) and the
+product is theirs, batch-invariant by construction; elsewhere `torch._weight_int8pack_mm`.
 
 One scale per output channel rather than per 32-weight block (Q8_0): PyTorch has a fused kernel
 for the first on every x86 CPU and none for the second; measured on one [2048, 2048] product
@@ -22,21 +24,35 @@ FUSED_MULTIPLE = 16
 class Int8Weight:
     """A [out, in] weight as int8 values and per-output-channel scales."""
 
-    __slots__ = ("values", "scales", "shape", "dtype", "nbytes")
+    __slots__ = ("values", "groups", "scales", "shape", "dtype", "nbytes")
 
-    def __init__(self, values: torch.Tensor, scales: torch.Tensor):
+    def __init__(self, values: torch.Tensor, scales: torch.Tensor, grouped: bool = False):
         if values.dtype != torch.int8 or values.dim() != 2 or scales.shape != values.shape[:1]:
             raise ValueError(
                 f"int8 weight wants int8 values [out, in] and scales [out], got "
                 f"{values.dtype} {tuple(values.shape)} and {tuple(scales.shape)}"
             )
-        self.values, self.scales = values.contiguous(), scales.contiguous()
+        self.scales = scales.contiguous()
         self.shape, self.dtype = tuple(values.shape), scales.dtype
-        self.nbytes = self.values.nbytes + self.scales.nbytes  # what a product reads
+        self.nbytes = values.nbytes + self.scales.nbytes  # what a product reads
+        # held once: as [out, in] values, or in the native group layout (values then None)
+        self.values, self.groups = values.contiguous(), None
+        if grouped:
+            from moespec.kernels.native import pack_groups
+
+            self.values, self.groups = None, pack_groups(values)
+
+    def rows(self) -> torch.Tensor:
+        """Q as [out, in] int8 values (a copy when held in the group layout)."""
+        if self.groups is None:
+            return self.values
+        from moespec.kernels.native import unpack_groups
+
+        return unpack_groups(self.groups, self.shape[0])
 
     def dense(self) -> torch.Tensor:
         """s * Q in the scales' dtype: the weight this int8 weight stands for (a copy)."""
-        return (self.values.float() * self.scales.float()[:, None]).to(self.dtype)
+        return (self.rows().float() * self.scales.float()[:, None]).to(self.dtype)
 
 
 def quantize_int8(weight: torch.Tensor) -> Int8Weight:
@@ -47,11 +63,28 @@ def quantize_int8(weight: torch.Tensor) -> Int8Weight:
     scales = (w.abs().amax(dim=1) / INT8_MAX).to(weight.dtype)
     safe = scales.float().clamp_min(torch.finfo(torch.float32).tiny)  # an all-zero row stays 0
     values = torch.round(w / safe[:, None]).clamp(-INT8_MAX, INT8_MAX).to(torch.int8)
-    return Int8Weight(values, scales)
+    return Int8Weight(values, scales, grouped=groups_path(weight))
 
 
-def int8_product(x: torch.Tensor, weight: Int8Weight) -> torch.Tensor:
-    """x @ (s * Q).T as (x @ Q.T) * s, for x [..., in] in the scales' dtype."""
+def groups_path(weight: torch.Tensor) -> bool:
+    """Whether an int8 weight of this float weight takes the native group layout: bf16 on a
+    CPU where the native int8 loops run."""
+    from moespec.kernels.cpu import cpu_paths
+
+    return (
+        weight.dtype == torch.bfloat16
+        and weight.device.type == "cpu"
+        and (cpu_paths().int8 == "native-groups")
+    )
+
+
+def int8_product(x: torch.Tensor, weight: Int8Weight, threads: int | None = None) -> torch.Tensor:
+    """x @ (s * Q).T as (x @ Q.T) * s, for x [..., in] in the scales' dtype (threads: for the
+    native loops; PyTorch's kernel follows the library's setting)."""
+    if weight.groups is not None:
+        from moespec.kernels.native import groups_product
+
+        return groups_product(x, weight.groups, weight.scales, threads)
     rows = x.reshape(-1, x.shape[-1]).contiguous()
     if weight.shape[1] % FUSED_MULTIPLE:
         return int8_reference(x, weight)
@@ -61,5 +94,5 @@ def int8_product(x: torch.Tensor, weight: Int8Weight) -> torch.Tensor:
 
 def int8_reference(x: torch.Tensor, weight: Int8Weight) -> torch.Tensor:
     """The int8 math in plain float32: (x Q^T) s, then rounded once to x's dtype (tests)."""
-    out = (x.float() @ weight.values.float().T) * weight.scales.float()
+    out = (x.float() @ weight.rows().float().T) * weight.scales.float()
     return out.to(x.dtype)

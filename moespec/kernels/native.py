@@ -1,0 +1,311 @@
+"""Native products for decode and verification passes: bf16 weights on AVX-512-BF16.
+
+A decode or verification step is products of 1-9 rows with each weight read once, so its
+speed is the bandwidth those products reach. On a 2-core AVX-512-BF16 host, oneDNN's packed
+bf16 product of one [2048, 2048] weight moved 12-15 GB/s on one thread; `native.c`'s loops,
+on the weight re-laid out once in the pair layout `vdpbf16ps` multiplies (`pack_pairs`: 64
+output rows at a time, pairs of inputs side by side), move 22-23 GB/s on one row and stay
+within 1.4x of that up to 9 rows (`python benchmarks/cpu_paths.py --rows N`).
+
+Each output is one dot product in one fixed order (the pairs in order, one fp32 lane) however
+many rows the pass has, so a pass of n rows gives every row its one-row bits: batch-invariant
+by construction, with no row chunking (`moespec.kernels.invariance`). The layout holds the same
+bytes (padded to 64 rows and an even width), so nothing is held twice.
+
+`native.c` also holds row-by-row loops for int8 weights (AVX-512F and AVX2) and bf16 on AVX2.
+They are candidates `benchmarks/cpu_paths.py` times, not paths the engine takes: they beat
+PyTorch's products on one row and lose to them from two or three rows.
+
+The library is built on first use with the system's C compiler (`$CC`, else cc, gcc or clang)
+into the user's cache (`$MOESPEC_CACHE`, else `$XDG_CACHE_HOME/moespec` or `~/.cache/moespec`),
+keyed by the source and the compiler, the way Inductor and Triton build their kernels; a later
+process loads it in milliseconds. Each ISA's functions carry their own target attribute, so
+one build serves any x86-64 CPU and the caller picks what the CPU has. Where there is no
+compiler, the build fails, or `MOESPEC_NATIVE=0`, the library paths run instead and
+`moespec env` says why (`moespec.kernels.cpu`).
+"""
+
+import ctypes
+import functools
+import hashlib
+import os
+import platform
+import shutil
+import subprocess
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+SOURCE = Path(__file__).with_name("native.c")
+VERSION = 1  # moespec_native_version() of the source this module speaks to
+PAIR_GROUP = 64  # output rows per group of the pair layout (native.c)
+
+_P, _I64, _INT = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int
+_SIGNATURES = {
+    "moespec_bf16_pairs": [_P, _P, _P, _I64, _I64, _I64, _INT],
+    "moespec_bf16_pairs_avx2": [_P, _P, _P, _I64, _I64, _I64, _INT],
+    "moespec_int8_groups_avx512": [_P, _P, _P, _P, _I64, _I64, _I64, _INT],
+    "moespec_int8_groups_avx2": [_P, _P, _P, _P, _I64, _I64, _I64, _INT],
+    "moespec_bf16_avx2": [_P, _P, _P, _I64, _I64, _I64, _INT],
+    "moespec_int8_avx512": [_P, _P, _P, _P, _I64, _I64, _I64, _INT],
+    "moespec_int8_avx2": [_P, _P, _P, _P, _I64, _I64, _I64, _INT],
+}
+
+
+@dataclass(frozen=True)
+class Native:
+    """The loaded library (or why there is none) and whether it runs threaded."""
+
+    lib: ctypes.CDLL | None
+    reason: str | None  # why the native products are unavailable
+    openmp: bool = False
+    compiler: str | None = None
+
+    def has(self, name: str) -> bool:
+        return self.lib is not None and hasattr(self.lib, name)
+
+
+def cache_dir() -> Path:
+    if root := os.environ.get("MOESPEC_CACHE"):
+        return Path(root)
+    base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
+    return Path(base) / "moespec"
+
+
+def find_compiler() -> str | None:
+    for name in filter(None, (os.environ.get("CC"), "cc", "gcc", "clang")):
+        if path := shutil.which(name):
+            return path
+    return None
+
+
+# Tried in order: all ISAs threaded; all ISAs single-threaded (a compiler without OpenMP);
+# AVX2 only (a compiler that does not know AVX-512-BF16).
+ATTEMPTS = (
+    (["-fopenmp"], True),
+    ([], False),
+    (["-fopenmp", "-DMOESPEC_NO_AVX512"], True),
+    (["-DMOESPEC_NO_AVX512"], False),
+)
+BASE_FLAGS = ["-O3", "-fPIC", "-shared", "-std=c11", "-D_ISOC11_SOURCE"]
+
+
+def build(compiler: str, out_dir: Path) -> tuple[Path, bool]:
+    """Compile native.c into out_dir (once per source and compiler); (library, threaded)."""
+    source = SOURCE.read_bytes()
+    version = subprocess.run(
+        [compiler, "--version"], capture_output=True, text=True, timeout=30
+    ).stdout
+    errors = []
+    for flags, openmp in ATTEMPTS:
+        key = hashlib.sha256(source + version.encode() + " ".join(flags).encode()).hexdigest()
+        target = out_dir / f"moespec_native_{key[:16]}.so"
+        if target.exists():
+            return target, openmp
+        out_dir.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=out_dir, suffix=".so.tmp")
+        os.close(fd)
+        cmd = [compiler, *BASE_FLAGS, *flags, str(SOURCE), "-o", tmp]
+        done = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+        if done.returncode == 0:
+            os.replace(tmp, target)  # atomic: a concurrent build leaves one whole file
+            return target, openmp
+        os.unlink(tmp)
+        errors.append(done.stderr.strip().splitlines()[-1:] or ["failed"])
+    raise RuntimeError(f"{compiler} could not build {SOURCE.name}: {errors[0][0]}")
+
+
+@functools.cache
+def native() -> Native:
+    """The native library of this process, built or loaded on the first call."""
+    if os.environ.get("MOESPEC_NATIVE", "1").strip().lower() in ("0", "off", "no", "false"):
+        return Native(None, "turned off by MOESPEC_NATIVE")
+    if platform.machine().lower() not in ("x86_64", "amd64"):
+        return Native(None, f"no native loops for {platform.machine()} (x86-64 only)")
+    compiler = find_compiler()
+    if compiler is None:
+        return Native(None, "no C compiler found ($CC, cc, gcc or clang)")
+    try:
+        path, openmp = build(compiler, cache_dir() / "native")
+        lib = ctypes.CDLL(str(path))  # after torch: its libgomp is the OpenMP runtime used
+        if lib.moespec_native_version() != VERSION:
+            return Native(None, f"{path.name} is version {lib.moespec_native_version()}")
+    except (OSError, RuntimeError, subprocess.SubprocessError) as e:
+        return Native(None, f"native build failed: {e}")
+    for name, argtypes in _SIGNATURES.items():
+        if hasattr(lib, name):
+            getattr(lib, name).argtypes = argtypes
+            getattr(lib, name).restype = _INT
+    return Native(lib, None, openmp, Path(compiler).name)
+
+
+# The layout loops of each CPU family, best first (AMX hosts have AVX-512-BF16).
+PAIRS = {
+    "amx": ("moespec_bf16_pairs",),
+    "avx512-bf16": ("moespec_bf16_pairs",),
+    # AVX-512 without bf16: oneDNN's packed product, 2-2.5x faster than the AVX2 pair loops
+    # from 4 rows (benchmarks/cpu_paths.py, measured with the AVX-512-BF16 flag ignored)
+    "avx512": (),
+    "avx2": ("moespec_bf16_pairs_avx2",),
+}
+GROUPS = {
+    "amx": ("moespec_int8_groups_avx512",),
+    "avx512-bf16": ("moespec_int8_groups_avx512",),
+    "avx512": ("moespec_int8_groups_avx512",),
+    "avx2": ("moespec_int8_groups_avx2",),
+}
+
+
+def layout_function(kind: str, family: str) -> tuple[str | None, str | None]:
+    """(the native function for bf16 "pairs" or int8 "groups" on this CPU family, or None
+    with the reason)."""
+    candidates = (PAIRS if kind == "pairs" else GROUPS).get(family)
+    if not candidates:
+        return None, f"no native {kind} loops for CPU family {family}"
+    if native().lib is None:
+        return None, native().reason
+    from moespec.kernels.cpu import cpu_flags
+
+    if family == "avx2" and "fma" not in cpu_flags():
+        return None, "the AVX2 loops need FMA, which this CPU lacks"
+    for name in candidates:
+        if native().has(name):
+            return name, None
+    return None, f"the {native().compiler} build lacks {candidates[0]}"
+
+
+class PairWeight:
+    """A bf16 [out, in] weight in the pair layout (`pack_pairs`): the same bytes, products of
+    any number of rows at the bandwidth of one, each row with its one-row bits."""
+
+    __slots__ = ("packed", "shape", "dtype", "nbytes")
+
+    def __init__(self, weight: torch.Tensor):
+        if weight.dtype != torch.bfloat16 or weight.dim() != 2:
+            raise ValueError(f"pair layout wants a bf16 [out, in] weight, got {weight.dtype}")
+        self.packed = pack_pairs(weight)
+        self.shape, self.dtype, self.nbytes = tuple(weight.shape), weight.dtype, weight.nbytes
+
+    def dense(self) -> torch.Tensor:
+        """The weight in its ordinary [out, in] layout (a copy)."""
+        return unpack_pairs(self.packed, self.shape)
+
+
+def pairs_product(x: torch.Tensor, weight: PairWeight, threads: int | None = None):
+    """x @ weight.T for bf16 x [..., in]: bf16 out, accumulated in fp32."""
+    if x.dtype != torch.bfloat16:
+        raise TypeError(f"pair-layout product wants bf16 input, got {x.dtype}")
+    rows = x.reshape(-1, x.shape[-1]).contiguous()
+    out = torch.empty(rows.shape[0], weight.shape[0], dtype=torch.bfloat16)
+    if _function("pairs")(
+        weight.packed.data_ptr(),
+        rows.data_ptr(),
+        out.data_ptr(),
+        weight.shape[0],
+        weight.shape[1],
+        rows.shape[0],
+        _threads(threads),
+    ):
+        raise MemoryError("native bf16 product: no memory for its padded input")
+    return out.view(*x.shape[:-1], weight.shape[0])
+
+
+def pack_pairs(weight: torch.Tensor) -> torch.Tensor:
+    """A bf16 [out, in] weight in the layout `moespec_bf16_pairs` reads: groups of 64 output
+    rows, each [in / 2][64][2] (pairs of consecutive inputs side by side), zero-padded to a
+    multiple of 64 rows and 2 columns."""
+    out, inp = weight.shape
+    padded = torch.nn.functional.pad(weight, (0, inp % 2, 0, -out % PAIR_GROUP))
+    groups = padded.view(-1, PAIR_GROUP, padded.shape[1] // 2, 2)  # [G, 64, JP, 2]
+    return groups.permute(0, 2, 1, 3).contiguous()  # [G, JP, 64, 2]
+
+
+def unpack_pairs(packed: torch.Tensor, shape: tuple[int, int]) -> torch.Tensor:
+    """The [out, in] weight `pack_pairs` laid out (a copy)."""
+    out, inp = shape
+    rows = packed.permute(0, 2, 1, 3).reshape(-1, packed.shape[1] * 2)
+    return rows[:out, :inp].contiguous()
+
+
+def _threads(threads: int | None) -> int:
+    n = torch.get_num_threads() if threads is None else threads
+    return n if native().openmp else 1
+
+
+def bf16_product(function: str, x: torch.Tensor, weight: torch.Tensor, threads=None):
+    """x @ weight.T for bf16 x [..., in] and weight [out, in] (contiguous), bf16 out."""
+    rows = x.reshape(-1, x.shape[-1]).contiguous()
+    out = torch.empty(rows.shape[0], weight.shape[0], dtype=torch.bfloat16)
+    if getattr(native().lib, function)(
+        weight.data_ptr(),
+        rows.data_ptr(),
+        out.data_ptr(),
+        weight.shape[0],
+        weight.shape[1],
+        rows.shape[0],
+        _threads(threads),
+    ):
+        raise MemoryError("native bf16 product: no memory for its input")
+    return out.view(*x.shape[:-1], weight.shape[0])
+
+
+def int8_product(function: str, x: torch.Tensor, values, scales, threads=None):
+    """(x @ values.T) * scales for bf16 x [..., in], int8 values [out, in], bf16 scales."""
+    rows = x.reshape(-1, x.shape[-1]).contiguous()
+    out = torch.empty(rows.shape[0], values.shape[0], dtype=torch.bfloat16)
+    if getattr(native().lib, function)(
+        values.data_ptr(),
+        scales.data_ptr(),
+        rows.data_ptr(),
+        out.data_ptr(),
+        values.shape[0],
+        values.shape[1],
+        rows.shape[0],
+        _threads(threads),
+    ):
+        raise MemoryError("native int8 product: no memory for its input")
+    return out.view(*x.shape[:-1], values.shape[0])
+
+
+def pack_groups(values: torch.Tensor) -> torch.Tensor:
+    """int8 [out, in] values in the layout `moespec_int8_groups_*` read: groups of 64 output
+    rows, each [in][64] (input j's weights of the group side by side), rows zero-padded."""
+    padded = torch.nn.functional.pad(values, (0, 0, 0, -values.shape[0] % PAIR_GROUP))
+    return padded.view(-1, PAIR_GROUP, values.shape[1]).transpose(1, 2).contiguous()
+
+
+def unpack_groups(groups: torch.Tensor, out: int) -> torch.Tensor:
+    """The [out, in] values `pack_groups` laid out (a copy)."""
+    return groups.transpose(1, 2).reshape(-1, groups.shape[1])[:out].contiguous()
+
+
+def groups_product(x: torch.Tensor, groups: torch.Tensor, scales: torch.Tensor, threads=None):
+    """(x @ values.T) * scales for bf16 x [..., in], values in the group layout, bf16 scales."""
+    if x.dtype != torch.bfloat16 or scales.dtype != torch.bfloat16:
+        raise TypeError(f"group-layout int8 product wants bf16 input and scales, got {x.dtype}")
+    rows = x.reshape(-1, x.shape[-1]).contiguous()
+    out = torch.empty(rows.shape[0], scales.shape[0], dtype=torch.bfloat16)
+    if _function("groups")(
+        groups.data_ptr(),
+        scales.data_ptr(),
+        rows.data_ptr(),
+        out.data_ptr(),
+        scales.shape[0],
+        groups.shape[1],
+        rows.shape[0],
+        _threads(threads),
+    ):
+        raise MemoryError("native int8 product: no memory for its widened input")
+    return out.view(*x.shape[:-1], scales.shape[0])
+
+
+@functools.cache
+def _function(kind: str):
+    from moespec.kernels.cpu import cpu_paths
+
+    name, why = layout_function(kind, cpu_paths().family)
+    if name is None:
+        raise RuntimeError(f"no native {kind} product here: {why}")
+    return getattr(native().lib, name)

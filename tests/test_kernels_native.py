@@ -1,0 +1,221 @@
+"""The native products (moespec.kernels.native): the pair layout, its bits, and the fallback."""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from moespec.kernels.cpu import cpu_paths
+from moespec.kernels.linear import linear, pack
+from moespec.kernels.native import (
+    PairWeight,
+    bf16_product,
+    groups_product,
+    int8_product,
+    layout_function,
+    native,
+    pack_groups,
+    pack_pairs,
+    pairs_product,
+    unpack_groups,
+    unpack_pairs,
+)
+from moespec.kernels.quant import int8_reference, quantize_int8
+
+FAMILY = cpu_paths().family
+NO_PAIRS = layout_function("pairs", FAMILY)[1]
+NO_GROUPS = layout_function("groups", FAMILY)[1]
+needs_pairs = pytest.mark.skipif(NO_PAIRS is not None, reason=str(NO_PAIRS))
+needs_groups = pytest.mark.skipif(NO_GROUPS is not None, reason=str(NO_GROUPS))
+needs_native = pytest.mark.skipif(native().lib is None, reason=str(native().reason))
+# odd widths, heights off the 64-row groups, and a real expert half
+SHAPES = [(1, 2), (5, 3), (63, 31), (64, 64), (130, 97), (256, 2048)]
+
+
+def exact(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    """x @ weight.T in float64: the value a bf16 result is one rounding away from."""
+    return x.double() @ weight.double().T
+
+
+@pytest.mark.parametrize("shape", SHAPES)
+def test_pair_layout_holds_the_weight_exactly(shape):
+    weight = torch.randn(*shape).bfloat16()
+    packed = pack_pairs(weight)
+    assert packed.shape == (-(-shape[0] // 64), -(-shape[1] // 2), 64, 2)
+    assert torch.equal(unpack_pairs(packed, shape), weight)
+    # element (o, j) sits at [o // 64, j // 2, o % 64, j % 2]
+    o, j = shape[0] - 1, shape[1] - 1
+    assert packed[o // 64, j // 2, o % 64, j % 2] == weight[o, j]
+
+
+@needs_pairs
+@pytest.mark.parametrize("shape", SHAPES)
+@pytest.mark.parametrize("rows", [1, 2, 7])
+def test_pair_products_are_within_one_rounding_of_the_exact_product(shape, rows):
+    generator = torch.Generator().manual_seed(rows)
+    weight = torch.randn(*shape, generator=generator).bfloat16()
+    x = torch.randn(rows, shape[1], generator=generator).bfloat16()
+    got = pairs_product(x, PairWeight(weight)).double()
+    want = exact(x, weight)
+    # fp32 accumulation over `in` terms, then one bf16 rounding (relative 2^-8)
+    scale = x.double().abs() @ weight.double().abs().T
+    bound = want.abs() * 2.0**-8 + scale * shape[1] * 2.0**-24 + 1e-30
+    assert (got - want).abs().le(bound).all()
+    assert got.shape == (rows, shape[0])
+
+
+@needs_pairs
+@pytest.mark.parametrize("shape", [(130, 97), (2048, 256)])
+def test_pair_products_give_each_row_its_one_row_bits(shape):
+    weight = PairWeight(torch.randn(*shape).bfloat16())
+    x = torch.randn(13, shape[1]).bfloat16()  # two full tiles of six rows and one more
+    alone = torch.cat([pairs_product(x[i : i + 1], weight) for i in range(13)])
+    for n in range(1, 14):
+        assert torch.equal(pairs_product(x[:n], weight), alone[:n]), n
+
+
+@needs_pairs
+def test_pair_products_do_not_depend_on_the_threads():
+    weight = PairWeight(torch.randn(512, 256).bfloat16())
+    x = torch.randn(3, 256).bfloat16()
+    assert torch.equal(pairs_product(x, weight, threads=1), pairs_product(x, weight, threads=2))
+
+
+@needs_pairs
+def test_linear_takes_pair_weights_with_a_bias_and_leading_dims():
+    weight = torch.randn(96, 40).bfloat16()
+    bias = torch.randn(96).bfloat16()
+    x = torch.randn(2, 3, 40).bfloat16()
+    got = linear(x, PairWeight(weight), bias)
+    assert got.shape == (2, 3, 96)
+    want = pairs_product(x.reshape(6, 40), PairWeight(weight)).view(2, 3, 96) + bias
+    assert torch.equal(got, want)
+
+
+@needs_pairs
+def test_pair_products_refuse_other_input_dtypes():
+    with pytest.raises(TypeError, match="wants bf16 input"):
+        pairs_product(torch.randn(1, 8), PairWeight(torch.randn(4, 8).bfloat16()))
+
+
+def test_pair_weights_refuse_other_dtypes():
+    with pytest.raises(ValueError, match="bf16"):
+        PairWeight(torch.randn(4, 8))
+
+
+def test_the_paths_are_the_native_layouts_exactly_where_they_are_available():
+    assert (cpu_paths().bf16 == "native-pairs") == (NO_PAIRS is None)
+    assert (cpu_paths().int8 == "native-groups") == (NO_GROUPS is None)
+    assert isinstance(pack(torch.zeros(64, 64).bfloat16()), PairWeight) == (NO_PAIRS is None)
+    q = quantize_int8(torch.randn(64, 64).bfloat16())
+    assert (q.groups is not None) == (NO_GROUPS is None)
+    assert (q.values is None) == (NO_GROUPS is None)  # held once, in one layout
+    assert quantize_int8(torch.randn(64, 64)).groups is None  # fp32 scales: PyTorch's kernel
+
+
+@pytest.mark.parametrize("shape", [(1, 3), (63, 31), (130, 97)])
+def test_group_layout_holds_the_values_exactly(shape):
+    values = torch.randint(-127, 128, shape, dtype=torch.int8)
+    groups = pack_groups(values)
+    assert groups.shape == (-(-shape[0] // 64), shape[1], 64)
+    assert torch.equal(unpack_groups(groups, shape[0]), values)
+    o, j = shape[0] - 1, shape[1] - 1
+    assert groups[o // 64, j, o % 64] == values[o, j]
+
+
+@needs_groups
+@pytest.mark.parametrize("shape", [(1, 3), (63, 31), (130, 97), (256, 2048)])
+def test_group_products_match_the_int8_reference_with_one_row_bits(shape):
+    weight = torch.randn(*shape).bfloat16()
+    q = quantize_int8(weight)
+    x = torch.randn(13, shape[1]).bfloat16()
+    got = groups_product(x, q.groups, q.scales).double()
+    want = int8_reference(x, q).double()  # one bf16 rounding of the fp32 math
+    scale = (x.double().abs() @ q.rows().double().abs().T) * q.scales.double()
+    bound = want.abs() * 2.0**-7 + scale * shape[1] * 2.0**-23 + 1e-30
+    assert (got - want).abs().le(bound).all()
+    alone = torch.cat([groups_product(x[i : i + 1], q.groups, q.scales) for i in range(13)])
+    for n in range(1, 14):
+        assert torch.equal(groups_product(x[:n], q.groups, q.scales), alone[:n]), n
+    assert torch.equal(linear(x, q), alone)  # linear takes them, unchunked
+
+
+# The row-by-row candidates (timed by benchmarks/cpu_paths.py): right values and one-row bits.
+CANDIDATES = [
+    ("moespec_bf16_avx2", "bf16", ("avx2", "fma")),
+    ("moespec_int8_avx2", "int8", ("avx2", "fma")),
+    ("moespec_int8_avx512", "int8", ("avx512f", "avx512bw", "avx512vl")),
+]
+
+
+@needs_native
+@pytest.mark.parametrize("function, kind, flags", CANDIDATES, ids=[c[0] for c in CANDIDATES])
+@pytest.mark.parametrize("shape", [(63, 31), (130, 97), (64, 2048)])
+def test_row_by_row_candidates_match_the_reference_with_one_row_bits(function, kind, flags, shape):
+    if not set(flags) <= set(cpu_paths().flags) or not native().has(function):
+        pytest.skip(f"{function} needs {', '.join(flags)}, which this CPU or build lacks")
+    weight = torch.randn(*shape).bfloat16()
+    x = torch.randn(9, shape[1]).bfloat16()
+    if kind == "bf16":
+        got = bf16_product(function, x, weight)
+        want = exact(x, weight)
+        scale = x.double().abs() @ weight.double().abs().T
+    else:
+        q = quantize_int8(weight)
+        got = int8_product(function, x, q.rows(), q.scales)
+        want = int8_reference(x, q).double()
+        scale = (x.double().abs() @ q.rows().double().abs().T) * q.scales.double()
+    bound = want.abs() * 2.0**-7 + scale * shape[1] * 2.0**-23 + 1e-30
+    assert (got.double() - want).abs().le(bound).all()
+    call = (
+        (lambda a: bf16_product(function, a, weight))
+        if kind == "bf16"
+        else (lambda a: int8_product(function, a, q.rows(), q.scales))
+    )
+    alone = torch.cat([call(x[i : i + 1]) for i in range(9)])
+    assert torch.equal(call(x), alone)
+
+
+def _facts(env: dict) -> dict:
+    """`moespec env --json` in a fresh process with `env` added."""
+    done = subprocess.run(
+        [sys.executable, "-m", "moespec", "env", "--json"],
+        capture_output=True,
+        text=True,
+        env={**os.environ, **env},
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stderr
+    return json.loads(done.stdout)
+
+
+def test_turning_the_native_loops_off_takes_the_library_path_and_says_so(tmp_path):
+    facts = _facts({"MOESPEC_NATIVE": "0", "MOESPEC_CACHE": str(tmp_path)})
+    cpu = facts
+    assert cpu["paths"]["bf16"] in ("onednn-packed", "aten-linear")
+    if FAMILY in ("amx", "avx512-bf16"):
+        assert cpu["native"] == "turned off by MOESPEC_NATIVE"
+    else:
+        assert "need AVX-512-BF16" in cpu["native"]
+    assert not list(tmp_path.iterdir())  # nothing was built
+
+
+def test_without_a_compiler_the_library_path_runs_and_says_why(tmp_path):
+    facts = _facts({"PATH": str(tmp_path), "CC": "", "MOESPEC_CACHE": str(tmp_path / "c")})
+    cpu = facts
+    assert cpu["paths"]["bf16"] in ("onednn-packed", "aten-linear")
+    if FAMILY in ("amx", "avx512-bf16"):
+        assert cpu["native"] == "no C compiler found ($CC, cc, gcc or clang)"
+
+
+@needs_native
+def test_the_build_is_cached_and_loads_again_without_compiling(tmp_path):
+    facts = _facts({"MOESPEC_CACHE": str(tmp_path)})
+    built = sorted((tmp_path / "native").glob("*.so"))
+    assert len(built) == 1 and not list((tmp_path / "native").glob("*.tmp"))
+    stamp = built[0].stat().st_mtime_ns
+    assert _facts({"MOESPEC_CACHE": str(tmp_path)}) == facts
+    assert built[0].stat().st_mtime_ns == stamp  # loaded, not rebuilt
