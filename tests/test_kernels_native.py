@@ -12,6 +12,7 @@ from moespec.kernels.cpu import cpu_paths
 from moespec.kernels.linear import linear, pack
 from moespec.kernels.native import (
     PairWeight,
+    batch_products,
     bf16_product,
     groups_product,
     int8_product,
@@ -219,3 +220,30 @@ def test_the_build_is_cached_and_loads_again_without_compiling(tmp_path):
     stamp = built[0].stat().st_mtime_ns
     assert _facts({"MOESPEC_CACHE": str(tmp_path)}) == facts
     assert built[0].stat().st_mtime_ns == stamp  # loaded, not rebuilt
+
+
+@pytest.mark.parametrize("kind", ["pairs", "groups"])
+def test_a_batch_of_products_gives_each_product_its_own_bits(kind):
+    if (NO_PAIRS if kind == "pairs" else NO_GROUPS) is not None:
+        pytest.skip(str(NO_PAIRS if kind == "pairs" else NO_GROUPS))
+    make = pack if kind == "pairs" else quantize_int8
+    weights = [make(torch.randn(130, 96).bfloat16()) for _ in range(5)]
+    x = torch.randn(7, 96).bfloat16()
+    xrow, count, orow = [0, 3, 3, 6, 1], [3, 1, 2, 1, 4], [0, 3, 4, 6, 7]
+    got = batch_products(x, weights, xrow, count, orow, 11)
+    want = torch.cat([linear(x[a : a + c], w) for w, a, c in zip(weights, xrow, count)])
+    assert torch.equal(got, want)
+
+
+@needs_pairs
+def test_a_batch_of_products_refuses_rows_outside_its_input_or_output():
+    weights = [pack(torch.randn(64, 32).bfloat16()) for _ in range(2)]
+    x = torch.randn(3, 32).bfloat16()
+    with pytest.raises(ValueError, match="rows outside"):
+        batch_products(x, weights, [0, 3], [1, 1], [0, 1], 2)  # input row 3 of 3
+    with pytest.raises(ValueError, match="rows outside"):
+        batch_products(x, weights, [0, 1], [1, 2], [0, 1], 2)  # output rows 1-2 of 2
+    with pytest.raises(ValueError, match="weights"):
+        batch_products(
+            x, [weights[0], pack(torch.randn(64, 16).bfloat16())], [0, 1], [1, 1], [0, 1], 2
+        )

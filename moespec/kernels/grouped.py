@@ -10,7 +10,7 @@ the deduplicating kernel one group per distinct expert.
 import torch
 
 from moespec.kernels.experts import ExpertWeights
-from moespec.kernels.linear import linear
+from moespec.kernels.linear import linear, linear_batch
 
 
 def grouped_products(
@@ -23,14 +23,24 @@ def grouped_products(
     """
     xs = x.index_select(0, rows)  # [R, H]
     weights = [experts.weights(e) for e, _, _ in groups]
-    hidden = torch.cat(
-        [linear(xs[a:b], gate_up) for (_, a, b), (gate_up, _) in zip(groups, weights, strict=True)]
-    )  # [R, 2I]
+    starts, counts = [a for _, a, _ in groups], [b - a for _, a, b in groups]
+    # one native call for every group's product where the weights take it (one per group else)
+    total = len(rows)
+    hidden = linear_batch(xs, [g for g, _ in weights], starts, counts, starts, total)
+    if hidden is None:
+        hidden = torch.cat(
+            [
+                linear(xs[a:b], gate_up)
+                for (_, a, b), (gate_up, _) in zip(groups, weights, strict=True)
+            ]
+        )  # [R, 2I]
     if experts.has_bias:
         row_experts = torch.tensor([e for e, a, b in groups for _ in range(b - a)])  # [R]
         hidden = hidden + experts.gate_up_bias[row_experts]
     act = experts.activate(hidden)  # [R, I]
-    out = torch.cat(
-        [linear(act[a:b], down) for (_, a, b), (_, down) in zip(groups, weights, strict=True)]
-    )  # [R, H]
+    out = linear_batch(act, [d for _, d in weights], starts, counts, starts, total)
+    if out is None:
+        out = torch.cat(
+            [linear(act[a:b], down) for (_, a, b), (_, down) in zip(groups, weights, strict=True)]
+        )  # [R, H]
     return out + experts.down_bias[row_experts] if experts.has_bias else out

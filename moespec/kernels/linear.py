@@ -15,7 +15,7 @@ import torch.nn.functional as F
 
 from moespec.kernels.cpu import cpu_paths
 from moespec.kernels.invariance import chunked, is_batch_invariant
-from moespec.kernels.native import PairWeight, pairs_product
+from moespec.kernels.native import PairWeight, batch_products, pairs_product
 from moespec.kernels.quant import Int8Weight, int8_product
 from moespec.kernels.threads import intra_op_threads, product_threads
 
@@ -73,6 +73,17 @@ def linear(x: torch.Tensor, weight, bias: torch.Tensor | None = None) -> torch.T
         with intra_op_threads(threads):
             return _rows(x, weight, bias, invariant and rows > 1)
     return _rows(x, weight, bias, invariant and rows > 1)
+
+
+def linear_batch(x, weights: list, xrow, count, orow, out_rows: int) -> torch.Tensor | None:
+    """Several products of one shape in one call where the weights are in a native layout
+    (`moespec.kernels.native.batch_products`: product k takes rows xrow[k] .. of x, count[k]
+    of them, into rows orow[k] .. of the result), on the threads the batch's bytes call for;
+    each row gets the bits `linear` gives it. None where the weights take `linear` instead."""
+    if not weights or not isinstance(weights[0], PairWeight | Int8Weight):
+        return None
+    threads = product_threads(sum(w.nbytes for w in weights), 1)
+    return batch_products(x, weights, xrow, count, orow, out_rows, threads)
 
 
 def _rows(x, weight, bias, invariant: bool) -> torch.Tensor:

@@ -32,7 +32,7 @@ INLINE float from_bf16(uint16_t h) {
     return f;
 }
 
-int moespec_native_version(void) { return 1; }
+int moespec_native_version(void) { return 2; }
 
 
 #define TILE 4 /* input rows per tile of the row-by-row candidates */
@@ -190,26 +190,53 @@ typedef void (*sweep_fn)(const uint16_t *, int64_t, const uint16_t *, int64_t, u
                          int64_t, int64_t);
 static const sweep_fn SWEEPS[PAIR_ROWS] = {sweep_1, sweep_2, sweep_3, sweep_4, sweep_5, sweep_6};
 
+/* A batch of n products of one shape (a layer's experts): product k multiplies rows
+ * xrow[k] .. xrow[k] + count[k] - 1 of X by weight k into rows orow[k] .. of out. One parallel
+ * loop over every (product, group) in order, so a layer's products cost one fork and join,
+ * and each product's outputs are what a call of its own gives. The single-product functions
+ * are batches of one. Returns 1 without memory, 2 on an odd width (pairs only; the caller
+ * pads such inputs itself, see moespec_bf16_pairs). */
+#define BATCH_LOOP(ITEM)                                                                     \
+    int64_t groups = (O + PAIR_GROUP - 1) / PAIR_GROUP;                                      \
+    _Pragma("omp parallel for schedule(static) num_threads(threads)")                        \
+    for (int64_t item = 0; item < n * groups; item++) {                                      \
+        int64_t k = item / groups, g = item % groups;                                        \
+        for (int64_t t = 0; t < count[k]; t += ROWS_PER_SWEEP) {                             \
+            int nr = (int)(count[k] - t < ROWS_PER_SWEEP ? count[k] - t : ROWS_PER_SWEEP);   \
+            ITEM;                                                                            \
+        }                                                                                    \
+    }
+
+#define ROWS_PER_SWEEP PAIR_ROWS
+DP_TARGET int moespec_bf16_pairs_batch(int64_t n, const uint64_t *weights, const uint16_t *X,
+                                       int64_t x_rows, const int64_t *xrow, const int64_t *count,
+                                       uint16_t *out, const int64_t *orow, int64_t O, int64_t I,
+                                       int threads) {
+    (void)x_rows; /* read in place: bf16 inputs need no widening */
+    if (I % 2) return 2;
+    int64_t JP = I / 2;
+    BATCH_LOOP(SWEEPS[nr - 1]((const uint16_t *)weights[k] + g * JP * 2 * PAIR_GROUP, JP,
+                              X + (xrow[k] + t) * I, I, out + (orow[k] + t) * O, O,
+                              g * PAIR_GROUP))
+    return 0;
+}
+#undef ROWS_PER_SWEEP
+
 DP_TARGET int moespec_bf16_pairs(const uint16_t *P, const uint16_t *x, uint16_t *out, int64_t O,
                                  int64_t I, int64_t R, int threads) {
-    int64_t JP = (I + 1) / 2, groups = (O + PAIR_GROUP - 1) / PAIR_GROUP, xs = I;
     uint16_t *xp = NULL;
     if (I % 2) { /* the pair broadcast reads x two at a time: pad each row with a zero */
-        xs = I + 1;
-        xp = (uint16_t *)calloc((size_t)(R * xs), 2);
+        xp = (uint16_t *)calloc((size_t)(R * (I + 1)), 2);
         if (!xp) return 1;
-        for (int64_t r = 0; r < R; r++) memcpy(xp + r * xs, x + r * I, (size_t)I * 2);
+        for (int64_t r = 0; r < R; r++) memcpy(xp + r * (I + 1), x + r * I, (size_t)I * 2);
         x = xp;
+        I += 1; /* the padded layout holds the zero column too */
     }
-#pragma omp parallel for schedule(static) num_threads(threads)
-    for (int64_t g = 0; g < groups; g++)
-        for (int64_t t = 0; t < R; t += PAIR_ROWS) {
-            int nr = (int)(R - t < PAIR_ROWS ? R - t : PAIR_ROWS);
-            SWEEPS[nr - 1](P + g * JP * 2 * PAIR_GROUP, JP, x + t * xs, xs, out + t * O, O,
-                           g * PAIR_GROUP);
-        }
+    uint64_t w = (uint64_t)(uintptr_t)P;
+    int64_t zero = 0;
+    int rc = moespec_bf16_pairs_batch(1, &w, x, R, &zero, &R, out, &zero, O, I, threads);
     free(xp);
-    return 0;
+    return rc;
 }
 
 F5_TARGET int moespec_int8_avx512(const int8_t *W, const uint16_t *scales, const uint16_t *x,
@@ -269,22 +296,38 @@ typedef void (*gsweep_fn)(const int8_t *, int64_t, const float *, int64_t, const
 static const gsweep_fn GSWEEPS[PAIR_ROWS] = {gsweep_1, gsweep_2, gsweep_3,
                                              gsweep_4, gsweep_5, gsweep_6};
 
+/* x bf16 [R, I] -> fp32 [R, xs] (zero-padded past I), NULL without memory */
+static float *widen_rows(const uint16_t *x, int64_t R, int64_t I, int64_t xs) {
+    float *xf = (float *)calloc((size_t)(R * xs), 4);
+    if (xf)
+        for (int64_t r = 0; r < R; r++)
+            for (int64_t j = 0; j < I; j++) xf[r * xs + j] = from_bf16(x[r * I + j]);
+    return xf;
+}
+
+#define ROWS_PER_SWEEP PAIR_ROWS
+F5_TARGET int moespec_int8_groups_avx512_batch(int64_t n, const uint64_t *weights,
+                                               const uint64_t *scales, const uint16_t *X,
+                                               int64_t x_rows, const int64_t *xrow,
+                                               const int64_t *count, uint16_t *out,
+                                               const int64_t *orow, int64_t O, int64_t I,
+                                               int threads) {
+    float *xf = widen_rows(X, x_rows, I, I);
+    if (!xf) return 1;
+    BATCH_LOOP(GSWEEPS[nr - 1]((const int8_t *)weights[k] + g * I * PAIR_GROUP, I,
+                               xf + (xrow[k] + t) * I, I, (const uint16_t *)scales[k],
+                               out + (orow[k] + t) * O, O, g * PAIR_GROUP))
+    free(xf);
+    return 0;
+}
+#undef ROWS_PER_SWEEP
+
 F5_TARGET int moespec_int8_groups_avx512(const int8_t *G, const uint16_t *scales,
                                          const uint16_t *x, uint16_t *out, int64_t O, int64_t I,
                                          int64_t R, int threads) {
-    float *xf = (float *)malloc((size_t)(R * I) * 4);
-    if (!xf) return 1;
-    for (int64_t k = 0; k < R * I; k++) xf[k] = from_bf16(x[k]);
-    int64_t groups = (O + PAIR_GROUP - 1) / PAIR_GROUP;
-#pragma omp parallel for schedule(static) num_threads(threads)
-    for (int64_t g = 0; g < groups; g++)
-        for (int64_t t = 0; t < R; t += PAIR_ROWS) {
-            int nr = (int)(R - t < PAIR_ROWS ? R - t : PAIR_ROWS);
-            GSWEEPS[nr - 1](G + g * I * PAIR_GROUP, I, xf + t * I, I, scales, out + t * O, O,
-                            g * PAIR_GROUP);
-        }
-    free(xf);
-    return 0;
+    uint64_t w = (uint64_t)(uintptr_t)G, s = (uint64_t)(uintptr_t)scales;
+    int64_t zero = 0;
+    return moespec_int8_groups_avx512_batch(1, &w, &s, x, R, &zero, &R, out, &zero, O, I, threads);
 }
 #endif /* MOESPEC_NO_AVX512 */
 
@@ -447,7 +490,7 @@ V2_TARGET INLINE void v2_groups_sweep(const int8_t *G, int64_t I, const float *x
     }
 V2SWEEPS(1, 8) V2SWEEPS(1, 4) V2SWEEPS(2, 4)
 
-/* x bf16 [R, I] -> fp32 [R, I + pad] (pad: a zero so pairs read whole), NULL without memory */
+#ifdef MOESPEC_NO_AVX512
 static float *widen_rows(const uint16_t *x, int64_t R, int64_t I, int64_t xs) {
     float *xf = (float *)calloc((size_t)(R * xs), 4);
     if (xf)
@@ -455,25 +498,72 @@ static float *widen_rows(const uint16_t *x, int64_t R, int64_t I, int64_t xs) {
             for (int64_t j = 0; j < I; j++) xf[r * xs + j] = from_bf16(x[r * I + j]);
     return xf;
 }
+#endif
+
+/* One AVX2 work item: a whole group for one row, else half groups two rows at a time. */
+#define V2_ITEM(FULL, HALF1, HALF2)                                                          \
+    if (count[k] == 1) {                                                                     \
+        FULL;                                                                                \
+    } else {                                                                                 \
+        for (int64_t half = 0; half < 2; half++)                                             \
+            for (int64_t t = 0; t < count[k]; t += HALF_ROWS) {                              \
+                if (count[k] - t >= 2) HALF2;                                                \
+                else HALF1;                                                                  \
+            }                                                                                \
+    }
+#define V2_BATCH_LOOP(ITEM)                                                                  \
+    int64_t groups = (O + PAIR_GROUP - 1) / PAIR_GROUP;                                      \
+    _Pragma("omp parallel for schedule(static) num_threads(threads)")                        \
+    for (int64_t item = 0; item < n * groups; item++) {                                      \
+        int64_t k = item / groups, g = item % groups;                                        \
+        ITEM                                                                                 \
+    }
+
+V2_TARGET int moespec_bf16_pairs_avx2_batch(int64_t n, const uint64_t *weights,
+                                            const uint16_t *X, int64_t x_rows,
+                                            const int64_t *xrow, const int64_t *count,
+                                            uint16_t *out, const int64_t *orow, int64_t O,
+                                            int64_t I, int threads) {
+    int64_t JP = (I + 1) / 2, xs = 2 * JP;
+    float *xf = widen_rows(X, x_rows, I, xs);
+    if (!xf) return 1;
+#define PG ((const uint16_t *)weights[k] + g * JP * 2 * PAIR_GROUP)
+    V2_BATCH_LOOP(V2_ITEM(
+        v2p_1_8(PG, JP, xf + xrow[k] * xs, xs, 0, out + orow[k] * O, O, g * PAIR_GROUP),
+        v2p_1_4(PG, JP, xf + (xrow[k] + t) * xs, xs, half, out + (orow[k] + t) * O, O,
+                g * PAIR_GROUP),
+        v2p_2_4(PG, JP, xf + (xrow[k] + t) * xs, xs, half, out + (orow[k] + t) * O, O,
+                g * PAIR_GROUP)))
+#undef PG
+    free(xf);
+    return 0;
+}
 
 V2_TARGET int moespec_bf16_pairs_avx2(const uint16_t *P, const uint16_t *x, uint16_t *out,
                                       int64_t O, int64_t I, int64_t R, int threads) {
-    int64_t JP = (I + 1) / 2, xs = 2 * JP, groups = (O + PAIR_GROUP - 1) / PAIR_GROUP;
-    float *xf = widen_rows(x, R, I, xs);
+    uint64_t w = (uint64_t)(uintptr_t)P;
+    int64_t zero = 0;
+    return moespec_bf16_pairs_avx2_batch(1, &w, x, R, &zero, &R, out, &zero, O, I, threads);
+}
+
+V2_TARGET int moespec_int8_groups_avx2_batch(int64_t n, const uint64_t *weights,
+                                             const uint64_t *scales, const uint16_t *X,
+                                             int64_t x_rows, const int64_t *xrow,
+                                             const int64_t *count, uint16_t *out,
+                                             const int64_t *orow, int64_t O, int64_t I,
+                                             int threads) {
+    float *xf = widen_rows(X, x_rows, I, I);
     if (!xf) return 1;
-#pragma omp parallel for schedule(static) num_threads(threads)
-    for (int64_t g = 0; g < groups; g++) {
-        const uint16_t *pg = P + g * JP * 2 * PAIR_GROUP;
-        if (R == 1) {
-            v2p_1_8(pg, JP, xf, xs, 0, out, O, g * PAIR_GROUP);
-            continue;
-        }
-        for (int64_t half = 0; half < 2; half++)
-            for (int64_t t = 0; t < R; t += HALF_ROWS) {
-                if (R - t >= 2) v2p_2_4(pg, JP, xf + t * xs, xs, half, out + t * O, O, g * PAIR_GROUP);
-                else v2p_1_4(pg, JP, xf + t * xs, xs, half, out + t * O, O, g * PAIR_GROUP);
-            }
-    }
+#define GG ((const int8_t *)weights[k] + g * I * PAIR_GROUP)
+#define SC ((const uint16_t *)scales[k])
+    V2_BATCH_LOOP(V2_ITEM(
+        v2g_1_8(GG, I, xf + xrow[k] * I, I, 0, SC, out + orow[k] * O, O, g * PAIR_GROUP),
+        v2g_1_4(GG, I, xf + (xrow[k] + t) * I, I, half, SC, out + (orow[k] + t) * O, O,
+                g * PAIR_GROUP),
+        v2g_2_4(GG, I, xf + (xrow[k] + t) * I, I, half, SC, out + (orow[k] + t) * O, O,
+                g * PAIR_GROUP)))
+#undef GG
+#undef SC
     free(xf);
     return 0;
 }
@@ -481,22 +571,7 @@ V2_TARGET int moespec_bf16_pairs_avx2(const uint16_t *P, const uint16_t *x, uint
 V2_TARGET int moespec_int8_groups_avx2(const int8_t *G, const uint16_t *scales,
                                        const uint16_t *x, uint16_t *out, int64_t O, int64_t I,
                                        int64_t R, int threads) {
-    int64_t groups = (O + PAIR_GROUP - 1) / PAIR_GROUP;
-    float *xf = widen_rows(x, R, I, I);
-    if (!xf) return 1;
-#pragma omp parallel for schedule(static) num_threads(threads)
-    for (int64_t g = 0; g < groups; g++) {
-        const int8_t *gg = G + g * I * PAIR_GROUP;
-        if (R == 1) {
-            v2g_1_8(gg, I, xf, I, 0, scales, out, O, g * PAIR_GROUP);
-            continue;
-        }
-        for (int64_t half = 0; half < 2; half++)
-            for (int64_t t = 0; t < R; t += HALF_ROWS) {
-                if (R - t >= 2) v2g_2_4(gg, I, xf + t * I, I, half, scales, out + t * O, O, g * PAIR_GROUP);
-                else v2g_1_4(gg, I, xf + t * I, I, half, scales, out + t * O, O, g * PAIR_GROUP);
-            }
-    }
-    free(xf);
-    return 0;
+    uint64_t w = (uint64_t)(uintptr_t)G, s = (uint64_t)(uintptr_t)scales;
+    int64_t zero = 0;
+    return moespec_int8_groups_avx2_batch(1, &w, &s, x, R, &zero, &R, out, &zero, O, I, threads);
 }

@@ -39,7 +39,7 @@ from pathlib import Path
 import torch
 
 SOURCE = Path(__file__).with_name("native.c")
-VERSION = 1  # moespec_native_version() of the source this module speaks to
+VERSION = 2  # moespec_native_version() of the source this module speaks to
 PAIR_GROUP = 64  # output rows per group of the pair layout (native.c)
 
 _P, _I64, _INT = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int
@@ -51,6 +51,12 @@ _SIGNATURES = {
     "moespec_bf16_avx2": [_P, _P, _P, _I64, _I64, _I64, _INT],
     "moespec_int8_avx512": [_P, _P, _P, _P, _I64, _I64, _I64, _INT],
     "moespec_int8_avx2": [_P, _P, _P, _P, _I64, _I64, _I64, _INT],
+    # batches: n, weights*, X, x_rows, xrow*, count*, out, orow*, O, I, threads; int8 adds
+    # the scales* after the weights*
+    "moespec_bf16_pairs_batch": [_I64, _P, _P, _I64, _P, _P, _P, _P, _I64, _I64, _INT],
+    "moespec_bf16_pairs_avx2_batch": [_I64, _P, _P, _I64, _P, _P, _P, _P, _I64, _I64, _INT],
+    "moespec_int8_groups_avx512_batch": [_I64, _P, _P, _P, _I64, _P, _P, _P, _P, _I64, _I64, _INT],
+    "moespec_int8_groups_avx2_batch": [_I64, _P, _P, _P, _I64, _P, _P, _P, _P, _I64, _I64, _INT],
 }
 
 
@@ -302,10 +308,54 @@ def groups_product(x: torch.Tensor, groups: torch.Tensor, scales: torch.Tensor, 
 
 
 @functools.cache
-def _function(kind: str):
+def _function(kind: str, batch: bool = False):
     from moespec.kernels.cpu import cpu_paths
 
     name, why = layout_function(kind, cpu_paths().family)
     if name is None:
         raise RuntimeError(f"no native {kind} product here: {why}")
-    return getattr(native().lib, name)
+    return getattr(native().lib, name + ("_batch" if batch else ""))
+
+
+def batch_products(x: torch.Tensor, weights: list, xrow, count, orow, out_rows: int, threads=None):
+    """A layer's products in one native call: product k multiplies rows xrow[k] ..
+    xrow[k] + count[k] - 1 of x [rows, in] (bf16) by weights[k] into rows orow[k] .. of one
+    [out_rows, out] result, each row with the bits `linear` gives it alone. weights: all
+    PairWeight or all int8 in the group layout, of one shape. None where they are not (or
+    the width is odd): the caller then takes its products one at a time."""
+    first = weights[0]
+    pairs = isinstance(first, PairWeight)
+    if not pairs and getattr(first, "groups", None) is None:
+        return None
+    if pairs and first.shape[1] % 2 or x.dtype != torch.bfloat16:
+        return None
+    out_size, in_size = first.shape
+    n = len(weights)
+    # the loops trust these: check them here, once per batch
+    if x.dim() != 2 or x.shape[1] != in_size or any(w.shape != first.shape for w in weights):
+        raise ValueError(f"batch of products: weights {first.shape} and input {tuple(x.shape)}")
+    if not len(xrow) == len(count) == len(orow) == n or min(count, default=1) < 1:
+        raise ValueError("batch of products: one row start, count and output start per weight")
+    ends = [(a + c, b + c) for a, b, c in zip(xrow, orow, count, strict=True)]
+    if (
+        min(xrow) < 0
+        or min(orow) < 0
+        or max(a for a, _ in ends) > x.shape[0]
+        or (max(b for _, b in ends) > out_rows)
+    ):
+        raise ValueError(f"batch of products: rows outside the input ({x.shape[0]}) or output")
+    x = x.contiguous()
+    out = torch.empty(out_rows, out_size, dtype=torch.bfloat16)
+    ints = ctypes.c_int64 * n
+    at = (x.data_ptr(), x.shape[0], ints(*xrow), ints(*count), out.data_ptr(), ints(*orow))
+    shape = (out_size, in_size, _threads(threads))
+    if pairs:
+        ptrs = (ctypes.c_uint64 * n)(*[w.packed.data_ptr() for w in weights])
+        rc = _function("pairs", batch=True)(n, ptrs, *at, *shape)
+    else:
+        ptrs = (ctypes.c_uint64 * n)(*[w.groups.data_ptr() for w in weights])
+        scales = (ctypes.c_uint64 * n)(*[w.scales.data_ptr() for w in weights])
+        rc = _function("groups", batch=True)(n, ptrs, scales, *at, *shape)
+    if rc:
+        raise MemoryError("native batch of products: no memory for its widened input")
+    return out

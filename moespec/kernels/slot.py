@@ -10,7 +10,7 @@ import torch
 
 from moespec.kernels.experts import ExpertWeights
 from moespec.kernels.invariance import is_batch_invariant
-from moespec.kernels.linear import linear
+from moespec.kernels.linear import linear, linear_batch
 
 
 def slot_experts(
@@ -23,17 +23,30 @@ def slot_experts(
     tokens, top_k = expert_ids.shape
     # slot-major: token t's slots are rows t m .. t m + m - 1
     pairs = [experts.weights(e) for row in expert_ids.tolist() for e in row]
-    rows = (x,) if tokens == 1 else x.split(1)
-    hidden = torch.cat(
-        [linear(rows[r // top_k], gate_up) for r, (gate_up, _) in enumerate(pairs)]
-    )  # [T m, 2I]
+    rows_of_slots, ones = range(len(pairs)), [1] * len(pairs)
+    # one native call for every slot's product where the weights take it (one per slot else)
+    hidden = linear_batch(
+        x,
+        [g for g, _ in pairs],
+        [r // top_k for r in rows_of_slots],
+        ones,
+        rows_of_slots,
+        len(pairs),
+    )
+    if hidden is None:
+        rows = (x,) if tokens == 1 else x.split(1)
+        hidden = torch.cat(
+            [linear(rows[r // top_k], gate_up) for r, (gate_up, _) in enumerate(pairs)]
+        )  # [T m, 2I]
     if experts.has_bias:
         slots = expert_ids.flatten()
         hidden = hidden + experts.gate_up_bias[slots]
     act = experts.activate(hidden)  # [T m, I]
-    out = torch.cat(
-        [linear(a, down) for a, (_, down) in zip(act.split(1), pairs, strict=True)]
-    )  # [T m, H]
+    out = linear_batch(act, [d for _, d in pairs], rows_of_slots, ones, rows_of_slots, len(pairs))
+    if out is None:
+        out = torch.cat(
+            [linear(a, down) for a, (_, down) in zip(act.split(1), pairs, strict=True)]
+        )  # [T m, H]
     if experts.has_bias:
         out = out + experts.down_bias[slots]
     out = out * expert_weights.to(x.dtype).view(-1, 1)
