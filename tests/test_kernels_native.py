@@ -231,7 +231,8 @@ def test_a_batch_of_products_gives_each_product_its_own_bits(kind):
     x = torch.randn(7, 96).bfloat16()
     xrow, count, orow = [0, 3, 3, 6, 1], [3, 1, 2, 1, 4], [0, 3, 4, 6, 7]
     got = batch_products(x, weights, xrow, count, orow, 11)
-    want = torch.cat([linear(x[a : a + c], w) for w, a, c in zip(weights, xrow, count)])
+    parts = zip(weights, xrow, count, strict=True)
+    want = torch.cat([linear(x[a : a + c], w) for w, a, c in parts])
     assert torch.equal(got, want)
 
 
