@@ -225,15 +225,23 @@ RESULTS = [
             (f"llamacpp_{name.replace('-', '_')}.json",),
             (
                 f"python benchmarks/decode_vs_llamacpp.py {source} --tokens {tokens} "
-                f"--rounds 2 --threads 1,2 --verify-repeats {verify} "
+                f"--rounds {rounds} --threads 1,2 --verify-repeats {verify} "
                 f"--out {RESULTS_DIR}/llamacpp_{name.replace('-', '_')}.json --force",
             ),
             minutes,
         )
-        for name, source, tokens, verify, minutes in (
-            ("olmoe", "--shape olmoe", 16, 2, 20),
-            ("demo-target", "--demo target", 128, 5, 5),
-            ("demo-draft", "--demo draft", 128, 5, 5),
+        for name, source, tokens, rounds, verify, minutes in (
+            ("olmoe", "--shape olmoe", 48, 4, 2, 20),
+            (
+                "olmoe-int8",
+                "--shape olmoe --weights int8 --engines moespec,llama.cpp-q8_0,llama.cpp-bf16",
+                48,
+                4,
+                2,
+                12,
+            ),
+            ("demo-target", "--demo target", 128, 2, 5, 5),
+            ("demo-draft", "--demo draft", 128, 2, 5, 5),
         )
     ),
     Result(
@@ -262,6 +270,15 @@ RESULTS = [
         (
             "python benchmarks/cpu_paths.py --rounds 7 "
             f"--out {RESULTS_DIR}/cpu_paths_avx512.json --force",
+        ),
+        3,
+    ),
+    Result(
+        "cpu-paths-avx512-rows9",
+        ("cpu_paths_avx512_rows9.json",),
+        (
+            "python benchmarks/cpu_paths.py --rows 9 --rounds 5 "
+            f"--out {RESULTS_DIR}/cpu_paths_avx512_rows9.json --force",
         ),
         3,
     ),

@@ -1,20 +1,22 @@
 """The CPU's capability, detected once, and the product path chosen for each weight format.
 
-Three facts decide the path: PyTorch's kernel dispatch (`torch.backends.cpu.
+Four facts decide the path: PyTorch's kernel dispatch (`torch.backends.cpu.
 get_cpu_capability()`: "AVX512", "AVX2", ...; `ATEN_CPU_CAPABILITY=avx2` lowers it), the CPU's
-flags in /proc/cpuinfo (AVX2, AVX-512F, AVX-512-BF16, AMX), and whether oneDNN takes a weight
-in its blocked layout for this dtype at its instruction limit (`ONEDNN_MAX_CPU_ISA=AVX2` lowers
-it; bf16 needs AVX-512 BW/VL or AVX-NE-CONVERT). The choice, per format:
+flags in /proc/cpuinfo (AVX2, FMA, AVX-512F/BW/VL, AVX-512-BF16, AMX), whether moespec's
+native loops built here (`moespec.kernels.native`), and whether oneDNN takes a weight in its
+blocked layout for this dtype at its instruction limit (`ONEDNN_MAX_CPU_ISA=AVX2` lowers it;
+bf16 needs AVX-512 BW/VL or AVX-NE-CONVERT). The choice, per format:
 
-- bf16: "native-pairs" on AVX-512-BF16 where moespec's native loops build
-  (`moespec.kernels.native`: weights in vdpbf16ps's pair layout, 1.3-2x oneDNN for 1-9 rows,
-  batch-invariant by construction); else "onednn-packed" where oneDNN packs bf16; else
-  "aten-linear", the library's unpacked
-  `F.linear` (on AVX2, measured the fastest bf16 path against an fp32 upcast, int8 products
-  and torch.compile: benchmarks/cpu_paths.py);
+- bf16: "native-pairs" (the pair layout; `vdpbf16ps` on AVX-512-BF16 and AMX hosts, FMA on
+  AVX2) where the native loops run, except on AVX-512 without bf16, where oneDNN's packed
+  product is 2-2.5x the AVX2 loops from 4 rows; else "onednn-packed" where oneDNN packs bf16;
+  else "aten-linear", the library's unpacked `F.linear`;
 - fp32: "onednn-packed" (weights from 1 MiB) where oneDNN packs fp32, else "aten-linear";
-- int8: "aten-int8pack-mm", PyTorch's weight-only int8 product (`torch._weight_int8pack_mm`,
-  one scale per output channel), on every x86 CPU.
+- int8: "native-groups" (int8 in groups of 64 output rows; AVX-512F or AVX2) for bf16
+  activations where the native loops run, else "aten-int8pack-mm", PyTorch's weight-only
+  int8 product (`torch._weight_int8pack_mm`, one scale per output channel).
+
+Measured side by side by benchmarks/cpu_paths.py (under the forced AVX2 dispatch too).
 """
 
 import functools

@@ -1,13 +1,13 @@
-"""Matrix products on weights packed once for the CPU's fastest library path.
+"""Matrix products on weights re-laid out once for the CPU's fastest path.
 
-PyTorch's default CPU path for a one- to few-row product with bf16 weights moves about 30 GB/s
-here, and its fp32 path for 2-9 rows about 10 GB/s, while oneDNN on weights re-laid out once
-(`_reorder_linear_weight`) moves 40-50 GB/s, near this machine's read bandwidth, with the same
-results. `pack(weight)` returns such a packed weight where it pays (bf16 always; fp32 from
-1 MiB, below which the library's fixed cost dominates) and where oneDNN packs that dtype on this
-CPU (`moespec.kernels.cpu`: bf16 needs AVX-512 BW/VL; on AVX2 bf16 weights stay unpacked);
-`linear(x, weight)` takes a dense, a packed, a pair-layout (`moespec.kernels.native`, the
-bf16 path on AVX-512-BF16) or an int8 weight (`moespec.kernels.quant`).
+`pack(weight)` returns the weight in the layout of this CPU's path for its dtype
+(`moespec.kernels.cpu`): bf16 in moespec's native pair layout where the native loops run
+(`moespec.kernels.native`), else oneDNN's blocked layout (`_reorder_linear_weight`) where
+oneDNN packs bf16; fp32 in oneDNN's layout from 1 MiB (below it the library's fixed cost
+dominates; on an earlier host PyTorch's fp32 path moved about 10 GB/s for 2-9 rows against
+oneDNN's 40-50). int8 weights (`moespec.kernels.quant`) take their layout when quantized.
+`linear(x, weight)` takes any of them, and `linear_batch` a layer's expert products in one
+native call.
 """
 
 import torch

@@ -1,28 +1,39 @@
-"""Native products for decode and verification passes: bf16 weights on AVX-512-BF16.
+"""Native products for decode and verification passes: bf16 and int8 weights, AVX-512 and AVX2.
 
 A decode or verification step is products of 1-9 rows with each weight read once, so its
-speed is the bandwidth those products reach. On a 2-core AVX-512-BF16 host, oneDNN's packed
-bf16 product of one [2048, 2048] weight moved 12-15 GB/s on one thread; `native.c`'s loops,
-on the weight re-laid out once in the pair layout `vdpbf16ps` multiplies (`pack_pairs`: 64
-output rows at a time, pairs of inputs side by side), move 22-23 GB/s on one row and stay
-within 1.4x of that up to 9 rows (`python benchmarks/cpu_paths.py --rows N`).
+speed is the bandwidth those products reach. On a 2-core AVX-512-BF16 host, one [2048, 2048]
+bf16 product through oneDNN's packed layout moved 14 GB/s on one thread (PyTorch's unpacked
+path 10); `native.c`'s loops move 27 (`benchmarks/results/cpu_paths_avx512.json`), and stay
+near that up to 9 rows (`python benchmarks/cpu_paths.py --rows N`). Two layouts, made once at
+load (`pack_pairs`, `pack_groups`), each in groups of 64 output rows so a group streams from
+memory as one run:
 
-Each output is one dot product in one fixed order (the pairs in order, one fp32 lane) however
-many rows the pass has, so a pass of n rows gives every row its one-row bits: batch-invariant
-by construction, with no row chunking (`moespec.kernels.invariance`). The layout holds the same
-bytes (padded to 64 rows and an even width), so nothing is held twice.
+- bf16, the pair layout: [in / 2][64][2] per group, the weights of two consecutive inputs side
+  by side. AVX-512-BF16 multiplies a pair of weights for 16 outputs by a broadcast pair of
+  inputs with one `vdpbf16ps`; AVX2 splits the pairs into even and odd weights (a shift, a
+  mask) and multiplies them by the broadcast inputs with FMA.
+- int8 (one scale per output row, `moespec.kernels.quant`), the group layout: [in][64] per
+  group, widened to fp32 and multiplied with FMA (AVX-512F or AVX2), the scale applied to
+  each output's sum.
 
-`native.c` also holds row-by-row loops for int8 weights (AVX-512F and AVX2) and bf16 on AVX2.
-They are candidates `benchmarks/cpu_paths.py` times, not paths the engine takes: they beat
-PyTorch's products on one row and lose to them from two or three rows.
+Each output is one fp32 chain over the inputs in order, whatever the number of rows and
+however the rows are tiled, so a pass of n rows gives every row its one-row bits:
+batch-invariant by construction, with no row chunking (`moespec.kernels.invariance`). The
+layouts hold the same bytes (padded to 64 rows and an even width), so nothing is held twice.
+`batch_products` runs a layer's expert products in one call (one fork and join of the
+threads); each product gets the bits a call of its own gives it.
+
+`native.c` also holds row-by-row loops for bf16 (AVX2) and int8 (AVX-512F, AVX2): candidates
+`benchmarks/cpu_paths.py` times, not paths the engine takes (they lose to the layouts above
+from two rows).
 
 The library is built on first use with the system's C compiler (`$CC`, else cc, gcc or clang)
 into the user's cache (`$MOESPEC_CACHE`, else `$XDG_CACHE_HOME/moespec` or `~/.cache/moespec`),
 keyed by the source and the compiler, the way Inductor and Triton build their kernels; a later
 process loads it in milliseconds. Each ISA's functions carry their own target attribute, so
-one build serves any x86-64 CPU and the caller picks what the CPU has. Where there is no
-compiler, the build fails, or `MOESPEC_NATIVE=0`, the library paths run instead and
-`moespec env` says why (`moespec.kernels.cpu`).
+one build serves any x86-64 CPU and the caller picks what the CPU has (`layout_function`).
+Where there is no compiler, the build fails, or `MOESPEC_NATIVE=0`, the library paths run
+instead and `moespec env` says why (`moespec.kernels.cpu`).
 """
 
 import ctypes
@@ -223,8 +234,9 @@ def pack_pairs(weight: torch.Tensor) -> torch.Tensor:
     rows, each [in / 2][64][2] (pairs of consecutive inputs side by side), zero-padded to a
     multiple of 64 rows and 2 columns."""
     out, inp = weight.shape
-    padded = torch.nn.functional.pad(weight, (0, inp % 2, 0, -out % PAIR_GROUP))
-    groups = padded.view(-1, PAIR_GROUP, padded.shape[1] // 2, 2)  # [G, 64, JP, 2]
+    pad = (0, inp % 2, 0, -out % PAIR_GROUP)
+    padded = torch.nn.functional.pad(weight, pad) if any(pad) else weight
+    groups = padded.reshape(-1, PAIR_GROUP, padded.shape[1] // 2, 2)  # [G, 64, JP, 2]
     return groups.permute(0, 2, 1, 3).contiguous()  # [G, JP, 64, 2]
 
 
@@ -278,8 +290,9 @@ def int8_product(function: str, x: torch.Tensor, values, scales, threads=None):
 def pack_groups(values: torch.Tensor) -> torch.Tensor:
     """int8 [out, in] values in the layout `moespec_int8_groups_*` read: groups of 64 output
     rows, each [in][64] (input j's weights of the group side by side), rows zero-padded."""
-    padded = torch.nn.functional.pad(values, (0, 0, 0, -values.shape[0] % PAIR_GROUP))
-    return padded.view(-1, PAIR_GROUP, values.shape[1]).transpose(1, 2).contiguous()
+    pad = -values.shape[0] % PAIR_GROUP
+    padded = torch.nn.functional.pad(values, (0, 0, 0, pad)) if pad else values
+    return padded.reshape(-1, PAIR_GROUP, values.shape[1]).transpose(1, 2).contiguous()
 
 
 def unpack_groups(groups: torch.Tensor, out: int) -> torch.Tensor:
