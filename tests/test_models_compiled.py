@@ -107,3 +107,23 @@ def test_batch_invariant_passes_never_take_the_captured_step(model):
 def test_unknown_compile_mode_is_refused(model):
     with pytest.raises(ValueError, match="compile mode must be one of auto, on, off"):
         capture(model, "fast")
+
+
+def test_a_lowered_dispatch_decodes_eagerly_and_says_why(monkeypatch):
+    import dataclasses
+
+    from moespec.kernels import cpu
+
+    if compiled.compiler_missing():
+        pytest.skip(compiled.compiler_missing())
+    lowered = dataclasses.replace(
+        cpu.cpu_paths(), capability="AVX2", flags=("avx2", "fma", "avx512f")
+    )
+    monkeypatch.setattr(cpu, "cpu_paths", lambda: lowered)
+    monkeypatch.setenv("ATEN_CPU_CAPABILITY", "avx2")
+    assert compiled.compiler_missing() == (
+        "ATEN_CPU_CAPABILITY=avx2 lowers the dispatch, where the step miscompiles"
+    )
+    same = dataclasses.replace(lowered, capability="AVX512")
+    monkeypatch.setattr(cpu, "cpu_paths", lambda: same)
+    assert compiled.compiler_missing() is None

@@ -176,13 +176,23 @@ def cpu_paths() -> CpuPaths:
         onednn_max_isa=os.environ.get("ONEDNN_MAX_CPU_ISA"),
     )
     family = cpu_family(facts["capability"], facts["flags"])
+    from moespec.kernels.native import GROUPS, PAIRS, native
+
     pairs, why_not = layout_function("pairs", family)
     groups, why_not_groups = layout_function("groups", family)
+    # why the native loops do not run: the library's reason, or a function this CPU family
+    # would take that the build lacks (a family with no loops of a kind is a choice, not a
+    # fallback: AVX-512 without bf16 keeps oneDNN for bf16)
+    reason = native().reason
+    if reason is None and pairs is None and PAIRS.get(family):
+        reason = why_not
+    if reason is None and groups is None and GROUPS.get(family):
+        reason = why_not_groups
     return CpuPaths(
         **facts,
         onednn_bf16=bf16,
         onednn_fp32=fp32,
-        native=why_not or why_not_groups,
+        native=reason,
         native_bf16=pairs,
         native_int8=groups,
         bf16="native-pairs" if pairs else "onednn-packed" if bf16 else "aten-linear",

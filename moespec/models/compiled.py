@@ -17,6 +17,7 @@ whose bits nothing else must reproduce: a draft model's steps, and a target's pl
 when it is not batch-invariant (moespec.kernels.invariance).
 """
 
+import os
 import shutil
 from dataclasses import dataclass
 from typing import Literal
@@ -62,10 +63,27 @@ def supported(model) -> str | None:
 
 
 def compiler_missing() -> str | None:
-    """Why Inductor cannot compile here (no C++ compiler), or None."""
+    """Why Inductor cannot compile here (no C++ compiler, or a lowered ATen dispatch), or None.
+
+    With ATEN_CPU_CAPABILITY set below what the CPU has (e.g. avx2 on an AVX-512 host),
+    torch 2.13's captured step gave wrong greedy tokens in fp32 where eager was right
+    (tests/test_models_compiled.py under ATEN_CPU_CAPABILITY=avx2; ONEDNN_MAX_CPU_ISA alone
+    does not): such a process decodes eagerly."""
     if not any(shutil.which(name) for name in ("g++", "c++", "clang++")):
         return "no C++ compiler found (g++, c++ or clang++)"
+    if (lowered := os.environ.get("ATEN_CPU_CAPABILITY")) and dispatch_lowered():
+        return f"ATEN_CPU_CAPABILITY={lowered} lowers the dispatch, where the step miscompiles"
     return None
+
+
+def dispatch_lowered() -> bool:
+    """Whether PyTorch dispatches below the CPU's AVX-512 or AVX2 (ATEN_CPU_CAPABILITY)."""
+    from moespec.kernels.cpu import cpu_paths
+
+    paths = cpu_paths()
+    if "avx512f" in paths.flags:
+        return paths.capability not in ("AVX512", "AVX512_BF16", "AMX", "ZVECTOR")
+    return "avx2" in paths.flags and paths.capability not in ("AVX2", "AVX512")
 
 
 def small_enough(model) -> bool:
