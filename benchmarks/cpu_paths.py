@@ -101,7 +101,7 @@ def candidates(weights: list[torch.Tensor], rows: int = 1) -> dict:
             pairs = [native.pack_pairs(w) for w in weights]
             paths[f"bf16 native {function.removeprefix('moespec_bf16_')}"] = (
                 functools.partial(
-                    lambda i, f, p: native_call(f, p[i], x, OUT, IN), f=function, p=pairs
+                    lambda i, f, p: native.native_product(f, p[i], x, OUT), f=function, p=pairs
                 ),
                 OUT * IN * 2,
             )
@@ -110,7 +110,7 @@ def candidates(weights: list[torch.Tensor], rows: int = 1) -> dict:
             groups = [native.pack_groups(r) for r in rows8]
             paths[f"int8 native {function.removeprefix('moespec_int8_')}"] = (
                 functools.partial(
-                    lambda i, f, g: native_call(f, g[i], x, OUT, IN, int8[i].scales),
+                    lambda i, f, g: native.native_product(f, g[i], x, OUT, int8[i].scales),
                     f=function,
                     g=groups,
                 ),
@@ -119,14 +119,16 @@ def candidates(weights: list[torch.Tensor], rows: int = 1) -> dict:
     for function, flag in NATIVE_BF16.items():
         if native.native().has(function) and flag in flags:
             paths[f"bf16 native {function.removeprefix('moespec_bf16_')}"] = (
-                functools.partial(lambda i, f: native.bf16_product(f, x, weights[i]), f=function),
+                functools.partial(
+                    lambda i, f: native.native_product(f, weights[i], x, OUT), f=function
+                ),
                 OUT * IN * 2,
             )
     for function, flag in NATIVE_INT8.items():
         if native.native().has(function) and flag in flags:
             paths[f"int8 native {function.removeprefix('moespec_int8_')}"] = (
                 functools.partial(
-                    lambda i, f: native.int8_product(f, x, rows8[i], int8[i].scales),
+                    lambda i, f: native.native_product(f, rows8[i], x, OUT, int8[i].scales),
                     f=function,
                 ),
                 int8[0].nbytes,
@@ -146,29 +148,6 @@ def candidates(weights: list[torch.Tensor], rows: int = 1) -> dict:
         OUT * IN + q8_0[0][1].nbytes,
     )
     return paths
-
-
-def native_call(function, weight, x, out_size, in_size, scales=None):
-    """One native product, called as moespec.kernels.native calls it (ctypes, no checks)."""
-    out = torch.empty(x.shape[0], out_size, dtype=torch.bfloat16)
-    lib = native.native().lib
-    threads = torch.get_num_threads()
-    if scales is None:
-        getattr(lib, function)(
-            weight.data_ptr(), x.data_ptr(), out.data_ptr(), out_size, in_size, x.shape[0], threads
-        )
-    else:
-        getattr(lib, function)(
-            weight.data_ptr(),
-            scales.data_ptr(),
-            x.data_ptr(),
-            out.data_ptr(),
-            out_size,
-            in_size,
-            x.shape[0],
-            threads,
-        )
-    return out
 
 
 def dynamic_int8(weights: list[torch.Tensor]) -> list:

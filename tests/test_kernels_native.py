@@ -13,11 +13,10 @@ from moespec.kernels.linear import linear, pack
 from moespec.kernels.native import (
     PairWeight,
     batch_products,
-    bf16_product,
     groups_product,
-    int8_product,
     layout_function,
     native,
+    native_product,
     pack_groups,
     pack_pairs,
     pairs_product,
@@ -161,21 +160,20 @@ def test_row_by_row_candidates_match_the_reference_with_one_row_bits(function, k
     weight = torch.randn(*shape).bfloat16()
     x = torch.randn(9, shape[1]).bfloat16()
     if kind == "bf16":
-        got = bf16_product(function, x, weight)
+        got = native_product(function, weight, x, shape[0])
         want = exact(x, weight)
         scale = x.double().abs() @ weight.double().abs().T
     else:
         q = quantize_int8(weight)
-        got = int8_product(function, x, q.rows(), q.scales)
+        got = native_product(function, q.rows(), x, shape[0], q.scales)
         want = int8_reference(x, q).double()
         scale = (x.double().abs() @ q.rows().double().abs().T) * q.scales.double()
     bound = want.abs() * 2.0**-7 + scale * shape[1] * 2.0**-23 + 1e-30
     assert (got.double() - want).abs().le(bound).all()
-    call = (
-        (lambda a: bf16_product(function, a, weight))
-        if kind == "bf16"
-        else (lambda a: int8_product(function, a, q.rows(), q.scales))
-    )
+    if kind == "bf16":
+        call = lambda a: native_product(function, weight, a, shape[0])  # noqa: E731
+    else:
+        call = lambda a: native_product(function, q.rows(), a, shape[0], q.scales)  # noqa: E731
     alone = torch.cat([call(x[i : i + 1]) for i in range(9)])
     assert torch.equal(call(x), alone)
 

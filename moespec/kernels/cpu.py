@@ -22,9 +22,12 @@ Measured side by side by benchmarks/cpu_paths.py (under the forced AVX2 dispatch
 import functools
 import os
 from dataclasses import dataclass
-from pathlib import Path
 
 import torch
+
+from moespec.kernels.isa import FLAGS, cpu_family, cpu_flags, this_cpu
+
+__all__ = ["FLAGS", "CpuPaths", "cpu_family", "cpu_flags", "cpu_paths", "weight_paths"]
 
 PATH_REASONS = {
     "native-pairs": "moespec's native vdpbf16ps loops on weights in the pair layout",
@@ -33,7 +36,6 @@ PATH_REASONS = {
     "aten-int8pack-mm": "torch._weight_int8pack_mm, int8 weights with one scale per output channel",
     "native-groups": "moespec's native loops on int8 weights in groups of 64 output rows",
 }
-FLAGS = ("avx2", "fma", "avx512f", "avx512bw", "avx512vl", "avx512_bf16", "amx_bf16", "amx_int8")
 
 
 @dataclass(frozen=True)
@@ -100,16 +102,6 @@ class CpuPaths:
         }
 
 
-def cpu_family(capability: str, flags: tuple[str, ...]) -> str:
-    """amx, avx512-bf16, avx512, avx2 or other: the flags, as lowered by PyTorch's dispatch
-    level (ATEN_CPU_CAPABILITY=avx2 reads as avx2)."""
-    if capability not in ("AVX512", "AVX512_BF16", "AMX") or "avx512f" not in flags:
-        return "avx2" if "avx2" in flags else "other"
-    if "amx_bf16" in flags:
-        return "amx"
-    return "avx512-bf16" if "avx512_bf16" in flags else "avx512"
-
-
 def format_name(dtype: torch.dtype | str) -> str:
     """ "bf16", "fp32", or the name as given ("int8", "float16", ...)."""
     if isinstance(dtype, str):
@@ -135,20 +127,6 @@ def weight_paths(
     }
 
 
-def cpu_flags(cpuinfo: str | None = None) -> tuple[str, ...]:
-    """The FLAGS the first processor of /proc/cpuinfo lists (none where it is unreadable)."""
-    if cpuinfo is None:
-        try:
-            cpuinfo = Path("/proc/cpuinfo").read_text()
-        except OSError:
-            return ()
-    for line in cpuinfo.splitlines():
-        if line.startswith("flags"):
-            present = set(line.split(":", 1)[1].split())
-            return tuple(f for f in FLAGS if f in present)
-    return ()
-
-
 def onednn_packs(dtype: torch.dtype) -> bool:
     """Whether oneDNN takes a weight of this dtype in its blocked layout on this CPU (at its
     instruction limit): one small weight tried, as `moespec.kernels.linear.pack` does."""
@@ -166,17 +144,15 @@ def onednn_packs(dtype: torch.dtype) -> bool:
 @functools.cache
 def cpu_paths() -> CpuPaths:
     """This process's capability and chosen paths, detected on the first call."""
-    from moespec.kernels.native import layout_function
-    from moespec.provenance import cpu_capability  # the one reading of it
+    from moespec.kernels.native import GROUPS, PAIRS, layout_function, native
 
     bf16, fp32 = onednn_packs(torch.bfloat16), onednn_packs(torch.float32)
+    capability, flags, family = this_cpu()
     facts = dict(
-        capability=cpu_capability() or "unknown",
-        flags=cpu_flags(),
+        capability=capability,
+        flags=flags,
         onednn_max_isa=os.environ.get("ONEDNN_MAX_CPU_ISA"),
     )
-    family = cpu_family(facts["capability"], facts["flags"])
-    from moespec.kernels.native import GROUPS, PAIRS, native
 
     pairs, why_not = layout_function("pairs", family)
     groups, why_not_groups = layout_function("groups", family)

@@ -73,23 +73,16 @@ static void *interleave(const uint16_t *x, int64_t R, int64_t I, int lanes, int 
 
 /* One function per tile height (the accumulators of a constant height live in registers),
  * chosen per tile through a table. */
+#define TILE_FUNCTION(NAME, TARGET, WTYPE, XTYPE, N)                                         \
+    TARGET __attribute__((noinline)) static void NAME##_##N(const WTYPE *w, int64_t I,        \
+                                                            const XTYPE *xt, float *sums) {   \
+        NAME(w, I, xt, N, sums);                                                             \
+    }
 #define TILE_FUNCTIONS(NAME, TARGET, WTYPE, XTYPE)                                            \
-    TARGET __attribute__((noinline)) static void NAME##_1(const WTYPE *w, int64_t I,          \
-                                                          const XTYPE *xt, float *sums) {     \
-        NAME(w, I, xt, 1, sums);                                                             \
-    }                                                                                        \
-    TARGET __attribute__((noinline)) static void NAME##_2(const WTYPE *w, int64_t I,          \
-                                                          const XTYPE *xt, float *sums) {     \
-        NAME(w, I, xt, 2, sums);                                                             \
-    }                                                                                        \
-    TARGET __attribute__((noinline)) static void NAME##_3(const WTYPE *w, int64_t I,          \
-                                                          const XTYPE *xt, float *sums) {     \
-        NAME(w, I, xt, 3, sums);                                                             \
-    }                                                                                        \
-    TARGET __attribute__((noinline)) static void NAME##_4(const WTYPE *w, int64_t I,          \
-                                                          const XTYPE *xt, float *sums) {     \
-        NAME(w, I, xt, 4, sums);                                                             \
-    }                                                                                        \
+    TILE_FUNCTION(NAME, TARGET, WTYPE, XTYPE, 1)                                             \
+    TILE_FUNCTION(NAME, TARGET, WTYPE, XTYPE, 2)                                             \
+    TILE_FUNCTION(NAME, TARGET, WTYPE, XTYPE, 3)                                             \
+    TILE_FUNCTION(NAME, TARGET, WTYPE, XTYPE, 4)                                             \
     static void (*const NAME##_by_rows[TILE + 1])(const WTYPE *, int64_t, const XTYPE *,     \
                                                    float *) = {NULL, NAME##_1, NAME##_2,     \
                                                                NAME##_3, NAME##_4};
@@ -107,6 +100,15 @@ static void *interleave(const uint16_t *x, int64_t R, int64_t I, int lanes, int 
             for (int r = 0; r < n; r++) out[(t + r) * O + o] = to_bf16(sums[r] SCALE);       \
         }                                                                                    \
     }
+
+/* x bf16 [R, I] -> fp32 [R, xs] (zero-padded past I), NULL without memory */
+static float *widen_rows(const uint16_t *x, int64_t R, int64_t I, int64_t xs) {
+    float *xf = (float *)calloc((size_t)(R * xs), 4);
+    if (xf)
+        for (int64_t r = 0; r < R; r++)
+            for (int64_t j = 0; j < I; j++) xf[r * xs + j] = from_bf16(x[r * I + j]);
+    return xf;
+}
 
 #ifndef MOESPEC_NO_AVX512
 /* ---------------------------------------------------------------- AVX-512 */
@@ -296,15 +298,6 @@ typedef void (*gsweep_fn)(const int8_t *, int64_t, const float *, int64_t, const
 static const gsweep_fn GSWEEPS[PAIR_ROWS] = {gsweep_1, gsweep_2, gsweep_3,
                                              gsweep_4, gsweep_5, gsweep_6};
 
-/* x bf16 [R, I] -> fp32 [R, xs] (zero-padded past I), NULL without memory */
-static float *widen_rows(const uint16_t *x, int64_t R, int64_t I, int64_t xs) {
-    float *xf = (float *)calloc((size_t)(R * xs), 4);
-    if (xf)
-        for (int64_t r = 0; r < R; r++)
-            for (int64_t j = 0; j < I; j++) xf[r * xs + j] = from_bf16(x[r * I + j]);
-    return xf;
-}
-
 #define ROWS_PER_SWEEP PAIR_ROWS
 F5_TARGET int moespec_int8_groups_avx512_batch(int64_t n, const uint64_t *weights,
                                                const uint64_t *scales, const uint16_t *X,
@@ -490,15 +483,6 @@ V2_TARGET INLINE void v2_groups_sweep(const int8_t *G, int64_t I, const float *x
     }
 V2SWEEPS(1, 8) V2SWEEPS(1, 4) V2SWEEPS(2, 4)
 
-#ifdef MOESPEC_NO_AVX512
-static float *widen_rows(const uint16_t *x, int64_t R, int64_t I, int64_t xs) {
-    float *xf = (float *)calloc((size_t)(R * xs), 4);
-    if (xf)
-        for (int64_t r = 0; r < R; r++)
-            for (int64_t j = 0; j < I; j++) xf[r * xs + j] = from_bf16(x[r * I + j]);
-    return xf;
-}
-#endif
 
 /* One AVX2 work item: a whole group for one row, else half groups two rows at a time. */
 #define V2_ITEM(FULL, HALF1, HALF2)                                                          \

@@ -184,7 +184,7 @@ def layout_function(kind: str, family: str) -> tuple[str | None, str | None]:
         return None, f"no native {kind} loops for CPU family {family}"
     if native().lib is None:
         return None, native().reason
-    from moespec.kernels.cpu import cpu_flags
+    from moespec.kernels.isa import cpu_flags
 
     if family == "avx2" and "fma" not in cpu_flags():
         return None, "the AVX2 loops need FMA, which this CPU lacks"
@@ -215,19 +215,23 @@ def pairs_product(x: torch.Tensor, weight: PairWeight, threads: int | None = Non
     """x @ weight.T for bf16 x [..., in]: bf16 out, accumulated in fp32."""
     if x.dtype != torch.bfloat16:
         raise TypeError(f"pair-layout product wants bf16 input, got {x.dtype}")
+    return _call(_function("pairs"), weight.packed, x, weight.shape[0], threads=threads)
+
+
+def native_product(name: str, weight, x, out_size: int, scales=None, threads=None):
+    """One product by the native function `name` (a layout's or a row-by-row candidate's):
+    weight in that function's layout, x bf16 [..., in], scales for int8 (benchmarks, tests)."""
+    return _call(getattr(native().lib, name), weight, x, out_size, scales, threads)
+
+
+def _call(function, weight, x, out_size: int, scales=None, threads=None) -> torch.Tensor:
     rows = x.reshape(-1, x.shape[-1]).contiguous()
-    out = torch.empty(rows.shape[0], weight.shape[0], dtype=torch.bfloat16)
-    if _function("pairs")(
-        weight.packed.data_ptr(),
-        rows.data_ptr(),
-        out.data_ptr(),
-        weight.shape[0],
-        weight.shape[1],
-        rows.shape[0],
-        _threads(threads),
-    ):
-        raise MemoryError("native bf16 product: no memory for its padded input")
-    return out.view(*x.shape[:-1], weight.shape[0])
+    out = torch.empty(rows.shape[0], out_size, dtype=torch.bfloat16)
+    head = (weight.data_ptr(),) if scales is None else (weight.data_ptr(), scales.data_ptr())
+    shape = (out_size, x.shape[-1], rows.shape[0], _threads(threads))
+    if function(*head, rows.data_ptr(), out.data_ptr(), *shape):
+        raise MemoryError("native product: no memory for its widened or padded input")
+    return out.view(*x.shape[:-1], out_size)
 
 
 def pack_pairs(weight: torch.Tensor) -> torch.Tensor:
@@ -253,41 +257,6 @@ def _threads(threads: int | None) -> int:
     return n if native().openmp else 1
 
 
-def bf16_product(function: str, x: torch.Tensor, weight: torch.Tensor, threads=None):
-    """x @ weight.T for bf16 x [..., in] and weight [out, in] (contiguous), bf16 out."""
-    rows = x.reshape(-1, x.shape[-1]).contiguous()
-    out = torch.empty(rows.shape[0], weight.shape[0], dtype=torch.bfloat16)
-    if getattr(native().lib, function)(
-        weight.data_ptr(),
-        rows.data_ptr(),
-        out.data_ptr(),
-        weight.shape[0],
-        weight.shape[1],
-        rows.shape[0],
-        _threads(threads),
-    ):
-        raise MemoryError("native bf16 product: no memory for its input")
-    return out.view(*x.shape[:-1], weight.shape[0])
-
-
-def int8_product(function: str, x: torch.Tensor, values, scales, threads=None):
-    """(x @ values.T) * scales for bf16 x [..., in], int8 values [out, in], bf16 scales."""
-    rows = x.reshape(-1, x.shape[-1]).contiguous()
-    out = torch.empty(rows.shape[0], values.shape[0], dtype=torch.bfloat16)
-    if getattr(native().lib, function)(
-        values.data_ptr(),
-        scales.data_ptr(),
-        rows.data_ptr(),
-        out.data_ptr(),
-        values.shape[0],
-        values.shape[1],
-        rows.shape[0],
-        _threads(threads),
-    ):
-        raise MemoryError("native int8 product: no memory for its input")
-    return out.view(*x.shape[:-1], values.shape[0])
-
-
 def pack_groups(values: torch.Tensor) -> torch.Tensor:
     """int8 [out, in] values in the layout `moespec_int8_groups_*` read: groups of 64 output
     rows, each [in][64] (input j's weights of the group side by side), rows zero-padded."""
@@ -305,27 +274,14 @@ def groups_product(x: torch.Tensor, groups: torch.Tensor, scales: torch.Tensor, 
     """(x @ values.T) * scales for bf16 x [..., in], values in the group layout, bf16 scales."""
     if x.dtype != torch.bfloat16 or scales.dtype != torch.bfloat16:
         raise TypeError(f"group-layout int8 product wants bf16 input and scales, got {x.dtype}")
-    rows = x.reshape(-1, x.shape[-1]).contiguous()
-    out = torch.empty(rows.shape[0], scales.shape[0], dtype=torch.bfloat16)
-    if _function("groups")(
-        groups.data_ptr(),
-        scales.data_ptr(),
-        rows.data_ptr(),
-        out.data_ptr(),
-        scales.shape[0],
-        groups.shape[1],
-        rows.shape[0],
-        _threads(threads),
-    ):
-        raise MemoryError("native int8 product: no memory for its widened input")
-    return out.view(*x.shape[:-1], scales.shape[0])
+    return _call(_function("groups"), groups, x, scales.shape[0], scales, threads)
 
 
 @functools.cache
 def _function(kind: str, batch: bool = False):
-    from moespec.kernels.cpu import cpu_paths
+    from moespec.kernels.isa import this_cpu
 
-    name, why = layout_function(kind, cpu_paths().family)
+    name, why = layout_function(kind, this_cpu()[2])
     if name is None:
         raise RuntimeError(f"no native {kind} product here: {why}")
     return getattr(native().lib, name + ("_batch" if batch else ""))
