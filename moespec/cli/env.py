@@ -30,7 +30,8 @@ def run(args: argparse.Namespace) -> int:
         f"torch: {facts['torch']}",
         f"cpu capability: {facts['capability']} (family {facts['family']}; flags {flags})",
         f"onednn max isa: {facts['onednn_max_isa'] or 'not limited'}",
-        f"native loops: {facts['native']}",
+        f"native loops: {facts['native']}"
+        + "".join(f"; {k} {f}" for k, f in facts["native_functions"].items() if f),
     ]
     for name, path in facts["paths"].items():
         why = facts["fallbacks"].get(name)

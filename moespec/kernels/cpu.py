@@ -30,7 +30,7 @@ from moespec.kernels.isa import FLAGS, cpu_family, cpu_flags, this_cpu
 __all__ = ["FLAGS", "CpuPaths", "cpu_family", "cpu_flags", "cpu_paths", "weight_paths"]
 
 PATH_REASONS = {
-    "native-pairs": "moespec's native vdpbf16ps loops on weights in the pair layout",
+    "native-pairs": "moespec's native loops on weights in the pair layout",
     "onednn-packed": "oneDNN on weights packed once in its blocked layout",
     "aten-linear": "the library's unpacked F.linear",
     "aten-int8pack-mm": "torch._weight_int8pack_mm, int8 weights with one scale per output channel",
