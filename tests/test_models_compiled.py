@@ -110,20 +110,15 @@ def test_unknown_compile_mode_is_refused(model):
 
 
 def test_a_lowered_dispatch_decodes_eagerly_and_says_why(monkeypatch):
-    import dataclasses
-
-    from moespec.kernels import cpu
+    from moespec.kernels import isa
 
     if compiled.compiler_missing():
         pytest.skip(compiled.compiler_missing())
-    lowered = dataclasses.replace(
-        cpu.cpu_paths(), capability="AVX2", flags=("avx2", "fma", "avx512f")
-    )
-    monkeypatch.setattr(cpu, "cpu_paths", lambda: lowered)
+    flags = ("avx2", "fma", "avx512f")
+    monkeypatch.setattr(isa, "this_cpu", lambda: ("AVX2", flags, "avx2"))
     monkeypatch.setenv("ATEN_CPU_CAPABILITY", "avx2")
     assert compiled.compiler_missing() == (
         "ATEN_CPU_CAPABILITY=avx2 lowers the dispatch, where the step miscompiles"
     )
-    same = dataclasses.replace(lowered, capability="AVX512")
-    monkeypatch.setattr(cpu, "cpu_paths", lambda: same)
+    monkeypatch.setattr(isa, "this_cpu", lambda: ("AVX512", flags, "avx512"))
     assert compiled.compiler_missing() is None

@@ -26,6 +26,7 @@ from dataclasses import dataclass
 import torch
 
 from moespec.kernels.isa import FLAGS, cpu_family, cpu_flags, this_cpu
+from moespec.kernels.native import GROUPS, PAIRS, layout_function, native
 
 __all__ = ["FLAGS", "CpuPaths", "cpu_family", "cpu_flags", "cpu_paths", "weight_paths"]
 
@@ -144,8 +145,6 @@ def onednn_packs(dtype: torch.dtype) -> bool:
 @functools.cache
 def cpu_paths() -> CpuPaths:
     """This process's capability and chosen paths, detected on the first call."""
-    from moespec.kernels.native import GROUPS, PAIRS, layout_function, native
-
     bf16, fp32 = onednn_packs(torch.bfloat16), onednn_packs(torch.float32)
     capability, flags, family = this_cpu()
     facts = dict(

@@ -49,6 +49,8 @@ from pathlib import Path
 
 import torch
 
+from moespec.kernels.isa import cpu_flags, this_cpu
+
 SOURCE = Path(__file__).with_name("native.c")
 VERSION = 2  # moespec_native_version() of the source this module speaks to
 PAIR_GROUP = 64  # output rows per group of the pair layout (native.c)
@@ -184,8 +186,6 @@ def layout_function(kind: str, family: str) -> tuple[str | None, str | None]:
         return None, f"no native {kind} loops for CPU family {family}"
     if native().lib is None:
         return None, native().reason
-    from moespec.kernels.isa import cpu_flags
-
     if family == "avx2" and "fma" not in cpu_flags():
         return None, "the AVX2 loops need FMA, which this CPU lacks"
     for name in candidates:
@@ -279,8 +279,6 @@ def groups_product(x: torch.Tensor, groups: torch.Tensor, scales: torch.Tensor, 
 
 @functools.cache
 def _function(kind: str, batch: bool = False):
-    from moespec.kernels.isa import this_cpu
-
     name, why = layout_function(kind, this_cpu()[2])
     if name is None:
         raise RuntimeError(f"no native {kind} product here: {why}")

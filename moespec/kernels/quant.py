@@ -14,6 +14,9 @@ for the first on every x86 CPU and none for the second; measured on one [2048, 2
 
 import torch
 
+from moespec.kernels.cpu import cpu_paths
+from moespec.kernels.native import groups_product, pack_groups, unpack_groups
+
 INT8_MAX = 127
 # torch 2.13's AVX-512 `_weight_int8pack_mm` returns wrong values, or crashes, on bf16 and fp16
 # inputs whose length is not a multiple of 16 (measured; fp32 and AVX2 are right): such
@@ -38,16 +41,12 @@ class Int8Weight:
         # held once: as [out, in] values, or in the native group layout (values then None)
         self.values, self.groups = values.contiguous(), None
         if grouped:
-            from moespec.kernels.native import pack_groups
-
             self.values, self.groups = None, pack_groups(values)
 
     def rows(self) -> torch.Tensor:
         """Q as [out, in] int8 values (a copy when held in the group layout)."""
         if self.groups is None:
             return self.values
-        from moespec.kernels.native import unpack_groups
-
         return unpack_groups(self.groups, self.shape[0])
 
     def dense(self) -> torch.Tensor:
@@ -69,8 +68,6 @@ def quantize_int8(weight: torch.Tensor) -> Int8Weight:
 def groups_path(weight: torch.Tensor) -> bool:
     """Whether an int8 weight of this float weight takes the native group layout: bf16 on a
     CPU where the native int8 loops run."""
-    from moespec.kernels.cpu import cpu_paths
-
     return (
         weight.dtype == torch.bfloat16
         and weight.device.type == "cpu"
@@ -82,8 +79,6 @@ def int8_product(x: torch.Tensor, weight: Int8Weight, threads: int | None = None
     """x @ (s * Q).T as (x @ Q.T) * s, for x [..., in] in the scales' dtype (threads: for the
     native loops; PyTorch's kernel follows the library's setting)."""
     if weight.groups is not None:
-        from moespec.kernels.native import groups_product
-
         return groups_product(x, weight.groups, weight.scales, threads)
     rows = x.reshape(-1, x.shape[-1]).contiguous()
     if weight.shape[1] % FUSED_MULTIPLE:

@@ -25,6 +25,7 @@ from typing import Literal
 import torch
 import torch.nn.functional as F
 
+from moespec.kernels import isa
 from moespec.kernels.linear import dense
 from moespec.kernels.threads import SMALL_WORK_BYTES, intra_op_threads
 
@@ -78,12 +79,10 @@ def compiler_missing() -> str | None:
 
 def dispatch_lowered() -> bool:
     """Whether PyTorch dispatches below the CPU's AVX-512 or AVX2 (ATEN_CPU_CAPABILITY)."""
-    from moespec.kernels.cpu import cpu_paths
-
-    paths = cpu_paths()
-    if "avx512f" in paths.flags:
-        return paths.capability not in ("AVX512", "AVX512_BF16", "AMX", "ZVECTOR")
-    return "avx2" in paths.flags and paths.capability not in ("AVX2", "AVX512")
+    capability, flags, _ = isa.this_cpu()
+    if "avx512f" in flags:
+        return capability not in ("AVX512", "AVX512_BF16", "AMX")
+    return "avx2" in flags and capability not in ("AVX2", "AVX512")
 
 
 def small_enough(model) -> bool:
