@@ -38,10 +38,14 @@ from moespec.provenance import provenance
 AVX2 = {"ATEN_CPU_CAPABILITY": "avx2", "ONEDNN_MAX_CPU_ISA": "AVX2"}
 
 OUT, IN, BLOCK = 2048, 2048, 32
-# moespec's native loops, each where the CPU has it: on the pair / group layouts (the paths
+# moespec's native loops, each where the CPU has it: on the pair layout (the paths
 # moespec.kernels.cpu chooses from) and row by row (candidates)
 NATIVE_PAIRS = {"moespec_bf16_pairs": "avx512_bf16", "moespec_bf16_pairs_avx2": "avx2"}
-NATIVE_GROUPS = {"moespec_int8_groups_avx512": "avx512bw", "moespec_int8_groups_avx2": "avx2"}
+NATIVE_INT8_PAIRS = {
+    "moespec_int8_pairs_vnni": "avx512_vnni",
+    "moespec_int8_pairs_avx512": "avx512bw",
+    "moespec_int8_pairs_avx2": "avx2",
+}
 NATIVE_BF16 = {"moespec_bf16_avx2": "avx2"}
 NATIVE_INT8 = {"moespec_int8_avx512": "avx512bw", "moespec_int8_avx2": "avx2"}
 
@@ -105,9 +109,9 @@ def candidates(weights: list[torch.Tensor], rows: int = 1) -> dict:
                 ),
                 OUT * IN * 2,
             )
-    for function, flag in NATIVE_GROUPS.items():
+    for function, flag in NATIVE_INT8_PAIRS.items():
         if native.native().has(function) and flag in flags:
-            groups = [native.pack_groups(r) for r in rows8]
+            groups = [native.pack_pairs(r) for r in rows8]
             paths[f"int8 native {function.removeprefix('moespec_int8_')}"] = (
                 functools.partial(
                     lambda i, f, g: native.native_product(f, g[i], x, OUT, int8[i].scales),

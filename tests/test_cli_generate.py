@@ -167,7 +167,7 @@ def test_json_reports_int8_experts_and_the_paths_they_run_on(checkpoint_dir, cap
     assert weights["experts"] == "int8" and weights["dense"] == "int8"
     # bf16 activations: the native int8 loops where they run, else PyTorch's kernel
     native = cpu_paths().native_int8 is not None
-    path = "native-groups" if native else "aten-int8pack-mm"
+    path = "native-int8-pairs" if native else "aten-int8pack-mm"
     assert weights["expert_path"] == weights["dense_path"] == path
     assert weights["cpu"]["capability"] == cpu_paths().capability
 

@@ -116,11 +116,11 @@ def test_on_an_avx2_dispatch_bf16_takes_the_avx2_native_loops():
     assert facts["paths"] == {
         "bf16": "native-pairs",
         "fp32": "onednn-packed",
-        "int8": "native-groups",
+        "int8": "native-int8-pairs",
     }
     assert facts["native_functions"] == {
         "bf16": "moespec_bf16_pairs_avx2",
-        "int8": "moespec_int8_groups_avx2",
+        "int8": "moespec_int8_pairs_avx2",
     }
     assert used == {"packed": True}
 

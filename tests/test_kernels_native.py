@@ -13,23 +13,21 @@ from moespec.kernels.linear import linear, pack
 from moespec.kernels.native import (
     PairWeight,
     batch_products,
-    groups_product,
+    int8_pairs_product,
     layout_function,
     native,
     native_product,
-    pack_groups,
     pack_pairs,
     pairs_product,
-    unpack_groups,
     unpack_pairs,
 )
 from moespec.kernels.quant import int8_reference, quantize_int8
 
 FAMILY = cpu_paths().family
-NO_PAIRS = layout_function("pairs", FAMILY)[1]
-NO_GROUPS = layout_function("groups", FAMILY)[1]
+NO_PAIRS = layout_function("bf16", FAMILY)[1]
+NO_INT8 = layout_function("int8", FAMILY)[1]
 needs_pairs = pytest.mark.skipif(NO_PAIRS is not None, reason=str(NO_PAIRS))
-needs_groups = pytest.mark.skipif(NO_GROUPS is not None, reason=str(NO_GROUPS))
+needs_int8 = pytest.mark.skipif(NO_INT8 is not None, reason=str(NO_INT8))
 needs_native = pytest.mark.skipif(native().lib is None, reason=str(native().reason))
 # odd widths, heights off the 64-row groups, and a real expert half
 SHAPES = [(1, 2), (5, 3), (63, 31), (64, 64), (130, 97), (256, 2048)]
@@ -108,39 +106,97 @@ def test_pair_weights_refuse_other_dtypes():
 
 def test_the_paths_are_the_native_layouts_exactly_where_they_are_available():
     assert (cpu_paths().bf16 == "native-pairs") == (NO_PAIRS is None)
-    assert (cpu_paths().int8 == "native-groups") == (NO_GROUPS is None)
+    assert (cpu_paths().int8 == "native-int8-pairs") == (NO_INT8 is None)
     assert isinstance(pack(torch.zeros(64, 64).bfloat16()), PairWeight) == (NO_PAIRS is None)
     q = quantize_int8(torch.randn(64, 64).bfloat16())
-    assert (q.groups is not None) == (NO_GROUPS is None)
-    assert (q.values is None) == (NO_GROUPS is None)  # held once, in one layout
-    assert quantize_int8(torch.randn(64, 64)).groups is None  # fp32 scales: PyTorch's kernel
+    assert (q.pairs is not None) == (NO_INT8 is None)
+    assert (q.values is None) == (NO_INT8 is None)  # held once, in one layout
+    assert quantize_int8(torch.randn(64, 64)).pairs is None  # fp32 scales: PyTorch's kernel
 
 
 @pytest.mark.parametrize("shape", [(1, 3), (63, 31), (130, 97)])
-def test_group_layout_holds_the_values_exactly(shape):
+def test_the_pair_layout_holds_int8_values_exactly(shape):
     values = torch.randint(-127, 128, shape, dtype=torch.int8)
-    groups = pack_groups(values)
-    assert groups.shape == (-(-shape[0] // 64), shape[1], 64)
-    assert torch.equal(unpack_groups(groups, shape[0]), values)
-    o, j = shape[0] - 1, shape[1] - 1
-    assert groups[o // 64, j, o % 64] == values[o, j]
+    packed = pack_pairs(values)
+    assert packed.dtype == torch.int8
+    assert packed.shape == (-(-shape[0] // 64), -(-shape[1] // 2), 64, 2)
+    assert torch.equal(unpack_pairs(packed, shape), values)
 
 
-@needs_groups
-@pytest.mark.parametrize("shape", [(1, 3), (63, 31), (130, 97), (256, 2048)])
-def test_group_products_match_the_int8_reference_with_one_row_bits(shape):
-    weight = torch.randn(*shape).bfloat16()
-    q = quantize_int8(weight)
-    x = torch.randn(13, shape[1]).bfloat16()
-    got = groups_product(x, q.groups, q.scales).double()
-    want = int8_reference(x, q).double()  # one bf16 rounding of the fp32 math
-    scale = (x.double().abs() @ q.rows().double().abs().T) * q.scales.double()
-    bound = want.abs() * 2.0**-7 + scale * shape[1] * 2.0**-23 + 1e-30
+def int16_rows(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The int8 loops' input quantization, spelled out in PyTorch: per row, m = max |x|,
+    q = round-half-even(x * (32767 / m)) in fp32, scale m / 32767 (all-zero rows: 0, 0)."""
+    m = x.float().abs().amax(dim=1, keepdim=True)
+    inv = torch.where(m > 0, torch.tensor(32767.0) / m, torch.zeros_like(m))
+    return torch.round(x.float() * inv).clamp(-32767, 32767), m / 32767
+
+
+INT8_SHAPES = [(1, 3), (63, 31), (130, 97), (256, 2048), (64, 600)]
+
+
+@needs_int8
+@pytest.mark.parametrize("shape", INT8_SHAPES)
+def test_int8_products_are_the_int16_input_math_within_one_rounding(shape):
+    generator = torch.Generator().manual_seed(shape[1])
+    q = quantize_int8(torch.randn(*shape, generator=generator).bfloat16())
+    x = torch.randn(13, shape[1], generator=generator).bfloat16()
+    x[5] = 0  # an all-zero row gives zeros
+    xq, xs = int16_rows(x)
+    dot = xq.double() @ q.rows().double().T  # exact: the loops' int32 blocks hold it exactly
+    want = dot * q.scales.double() * xs.double()
+    got = int8_pairs_product(x, q.pairs, q.scales).double()
+    # one bf16 rounding, fp32 sums of the 128-pair blocks, two fp32 products
+    mag = (xq.double().abs() @ q.rows().double().abs().T) * q.scales.double() * xs.double()
+    blocks = -(-shape[1] // 256)
+    bound = want.abs() * 2.0**-8 + mag * (blocks + 3) * 2.0**-24 + 1e-30
     assert (got - want).abs().le(bound).all()
-    alone = torch.cat([groups_product(x[i : i + 1], q.groups, q.scales) for i in range(13)])
+    assert got[5].eq(0).all()
+
+
+@needs_int8
+@pytest.mark.parametrize("shape", INT8_SHAPES)
+def test_int8_products_are_within_the_input_quantization_of_the_reference_with_one_row_bits(
+    shape,
+):
+    generator = torch.Generator().manual_seed(shape[0])
+    q = quantize_int8(torch.randn(*shape, generator=generator).bfloat16())
+    x = torch.randn(13, shape[1], generator=generator).bfloat16()
+    got = int8_pairs_product(x, q.pairs, q.scales).double()
+    want = exact(x, q.rows()) * q.scales.double()  # the int8 math on the bf16 inputs
+    # each input moves by at most half a step of its row's int16 grid: max |x| / 65534
+    step = x.double().abs().amax(dim=1, keepdim=True) / 65534
+    moved = step * (q.rows().double().abs().sum(dim=1) * q.scales.double())
+    mag = (x.double().abs() @ q.rows().double().abs().T) * q.scales.double()
+    bound = want.abs() * 2.0**-8 + moved * 1.001 + mag * 2.0**-18
+    assert (got - want).abs().le(bound).all()
+    alone = torch.cat([int8_pairs_product(x[i : i + 1], q.pairs, q.scales) for i in range(13)])
     for n in range(1, 14):
-        assert torch.equal(groups_product(x[:n], q.groups, q.scales), alone[:n]), n
+        assert torch.equal(int8_pairs_product(x[:n], q.pairs, q.scales), alone[:n]), n
     assert torch.equal(linear(x, q), alone)  # linear takes them, unchunked
+
+
+INT8_FUNCTIONS = [
+    ("moespec_int8_pairs_avx2", ("avx2", "fma")),
+    ("moespec_int8_pairs_avx512", ("avx512f", "avx512bw", "avx512vl")),
+    ("moespec_int8_pairs_vnni", ("avx512f", "avx512bw", "avx512vl", "avx512_vnni")),
+]
+
+
+@needs_native
+@pytest.mark.parametrize("function, flags", INT8_FUNCTIONS, ids=[f for f, _ in INT8_FUNCTIONS])
+def test_every_int8_pair_function_gives_the_same_bits(function, flags):
+    """The AVX2, AVX-512BW and VNNI loops compute the same integers in the same order."""
+    if not set(flags) <= set(cpu_paths().flags) or not native().has(function):
+        pytest.skip(f"{function} needs {', '.join(flags)}, which this CPU or build lacks")
+    q = quantize_int8(torch.randn(130, 600).bfloat16())
+    pairs = pack_pairs(q.rows())
+    x = torch.randn(9, 600).bfloat16()
+    xq, xs = int16_rows(x)
+    want = (xq.double() @ q.rows().double().T) * q.scales.double() * xs.double()
+    got = native_product(function, pairs, x, 130, q.scales)
+    assert (got.double() - want).abs().le(want.abs() * 2.0**-8 + 1e-30).all()
+    if native().has("moespec_int8_pairs_avx2") and "fma" in cpu_paths().flags:
+        assert torch.equal(got, native_product("moespec_int8_pairs_avx2", pairs, x, 130, q.scales))
 
 
 # The row-by-row candidates (timed by benchmarks/cpu_paths.py): right values and one-row bits.
@@ -221,11 +277,11 @@ def test_the_build_is_cached_and_loads_again_without_compiling(tmp_path):
     assert built[0].stat().st_mtime_ns == stamp  # loaded, not rebuilt
 
 
-@pytest.mark.parametrize("kind", ["pairs", "groups"])
+@pytest.mark.parametrize("kind", ["bf16", "int8"])
 def test_a_batch_of_products_gives_each_product_its_own_bits(kind):
-    if (NO_PAIRS if kind == "pairs" else NO_GROUPS) is not None:
-        pytest.skip(str(NO_PAIRS if kind == "pairs" else NO_GROUPS))
-    make = pack if kind == "pairs" else quantize_int8
+    if (NO_PAIRS if kind == "bf16" else NO_INT8) is not None:
+        pytest.skip(str(NO_PAIRS if kind == "bf16" else NO_INT8))
+    make = pack if kind == "bf16" else quantize_int8
     weights = [make(torch.randn(130, 96).bfloat16()) for _ in range(5)]
     x = torch.randn(7, 96).bfloat16()
     xrow, count, orow = [0, 3, 3, 6, 1], [3, 1, 2, 1, 4], [0, 3, 4, 6, 7]

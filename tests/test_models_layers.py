@@ -4,6 +4,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from moespec.kernels.native import attention_function
 from moespec.models.layers import attend, rms_norm, rotate
 
 
@@ -12,7 +13,7 @@ def rotate_half(x):
     return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
 
 
-@pytest.mark.parametrize("tokens", [1, 3, 9])
+@pytest.mark.parametrize("tokens", [3, 9] + ([] if attention_function() else [1]))
 @pytest.mark.parametrize("cached", [0, 5, 150])
 def test_grouped_query_rows_equal_the_library_grouped_path_in_bf16(tokens, cached):
     generator = torch.Generator().manual_seed(tokens * 1000 + cached)
@@ -37,6 +38,37 @@ def test_grouped_query_rows_equal_the_library_grouped_path_in_bf16(tokens, cache
         .reshape(1, tokens, heads * dim)
     )
     assert torch.equal(attend(q, keys, values, mask), expected)
+
+
+@pytest.mark.skipif(attention_function() is None, reason="no native attention on this CPU/build")
+@pytest.mark.parametrize("heads, kv_heads", [(4, 4), (4, 2), (8, 2), (16, 2)])
+@pytest.mark.parametrize("cached", [0, 7, 300])
+def test_one_row_bf16_attention_is_native_up_to_4_heads_per_key_head(heads, kv_heads, cached):
+    """One-row bf16 attention over a cache view: within one rounding of the float64 value on
+    the native path (at most 4 query heads per key head), else the library's bits."""
+    generator = torch.Generator().manual_seed(heads * 1000 + cached)
+    dim, length = 24, cached + 1  # 24: a ragged end on both ISAs' vectors
+    store = torch.randn(2, 1, kv_heads, length + 9, dim, generator=generator).bfloat16()
+    keys, values = store[0, :, :, :length], store[1, :, :, :length]  # the cache's narrowed views
+    q = torch.randn(1, 1, heads, dim, generator=generator).bfloat16()
+    got = attend(q, keys, values, None)
+    group = heads // kv_heads
+    if group > 4:
+        library = F.scaled_dot_product_attention(q.view(1, kv_heads, group, dim), keys, values)
+        assert torch.equal(got, library.reshape(1, 1, heads * dim))
+        return
+    rows = q.double().view(kv_heads, group, dim)
+    probs = torch.softmax(rows @ keys.double()[0].transpose(-1, -2) * dim**-0.5, dim=-1)
+    want = (probs @ values.double()[0]).reshape(1, 1, heads * dim)
+    bound = want.abs() * 2.0**-8 + values.double().abs().max() * 2.0**-16
+    assert (got.double() - want).abs().le(bound).all()
+    # its bits depend neither on the cache's strides nor on the threads
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1 if threads > 1 else 2)
+    try:
+        assert torch.equal(attend(q, keys.clone(), values.clone(), None), got)
+    finally:
+        torch.set_num_threads(threads)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])

@@ -12,9 +12,10 @@ bf16 needs AVX-512 BW/VL or AVX-NE-CONVERT). The choice, per format:
   product is 2-2.5x the AVX2 loops from 4 rows; else "onednn-packed" where oneDNN packs bf16;
   else "aten-linear", the library's unpacked `F.linear`;
 - fp32: "onednn-packed" (weights from 1 MiB) where oneDNN packs fp32, else "aten-linear";
-- int8: "native-groups" (int8 in groups of 64 output rows; AVX-512F or AVX2) for bf16
-  activations where the native loops run, else "aten-int8pack-mm", PyTorch's weight-only
-  int8 product (`torch._weight_int8pack_mm`, one scale per output channel).
+- int8: "native-int8-pairs" (int8 in the pair layout, int16 inputs; AVX-512-VNNI, AVX-512BW
+  or AVX2) for bf16 activations where the native loops run, else "aten-int8pack-mm",
+  PyTorch's weight-only int8 product (`torch._weight_int8pack_mm`, one scale per output
+  channel).
 
 Measured side by side by benchmarks/cpu_paths.py (under the forced AVX2 dispatch too).
 """
@@ -26,7 +27,7 @@ from dataclasses import dataclass
 import torch
 
 from moespec.kernels.isa import FLAGS, cpu_family, cpu_flags, this_cpu
-from moespec.kernels.native import GROUPS, PAIRS, layout_function, native
+from moespec.kernels.native import INT8, PAIRS, layout_function, native
 
 __all__ = ["FLAGS", "CpuPaths", "cpu_family", "cpu_flags", "cpu_paths", "weight_paths"]
 
@@ -35,7 +36,7 @@ PATH_REASONS = {
     "onednn-packed": "oneDNN on weights packed once in its blocked layout",
     "aten-linear": "the library's unpacked F.linear",
     "aten-int8pack-mm": "torch._weight_int8pack_mm, int8 weights with one scale per output channel",
-    "native-groups": "moespec's native loops on int8 weights in groups of 64 output rows",
+    "native-int8-pairs": "moespec's native loops on int8 weights in the pair layout, int16 inputs",
 }
 
 
@@ -153,24 +154,24 @@ def cpu_paths() -> CpuPaths:
         onednn_max_isa=os.environ.get("ONEDNN_MAX_CPU_ISA"),
     )
 
-    pairs, why_not = layout_function("pairs", family)
-    groups, why_not_groups = layout_function("groups", family)
+    pairs, why_not = layout_function("bf16", family)
+    int8, why_not_int8 = layout_function("int8", family)
     # why the native loops do not run: the library's reason, or a function this CPU family
     # would take that the build lacks (a family with no loops of a kind is a choice, not a
     # fallback: AVX-512 without bf16 keeps oneDNN for bf16)
     reason = native().reason
     if reason is None and pairs is None and PAIRS.get(family):
         reason = why_not
-    if reason is None and groups is None and GROUPS.get(family):
-        reason = why_not_groups
+    if reason is None and int8 is None and INT8.get(family):
+        reason = why_not_int8
     return CpuPaths(
         **facts,
         onednn_bf16=bf16,
         onednn_fp32=fp32,
         native=reason,
         native_bf16=pairs,
-        native_int8=groups,
+        native_int8=int8,
         bf16="native-pairs" if pairs else "onednn-packed" if bf16 else "aten-linear",
         fp32="onednn-packed" if fp32 else "aten-linear",
-        int8="native-groups" if groups else "aten-int8pack-mm",
+        int8="native-int8-pairs" if int8 else "aten-int8pack-mm",
     )

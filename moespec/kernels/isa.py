@@ -7,7 +7,17 @@ from what `moespec.kernels.native` built) so that the native loops can ask for t
 import functools
 from pathlib import Path
 
-FLAGS = ("avx2", "fma", "avx512f", "avx512bw", "avx512vl", "avx512_bf16", "amx_bf16", "amx_int8")
+FLAGS = (
+    "avx2",
+    "fma",
+    "avx512f",
+    "avx512bw",
+    "avx512vl",
+    "avx512_vnni",
+    "avx512_bf16",
+    "amx_bf16",
+    "amx_int8",
+)
 
 
 def cpu_flags(cpuinfo: str | None = None) -> tuple[str, ...]:

@@ -1,9 +1,10 @@
 /* moespec's native products for passes of a few rows: out[r, o] = sum_j x[r, j] W[o, j].
  *
- * x bf16 [R, I], out bf16 [R, O], accumulated in fp32 and rounded once to nearest even; W bf16
- * in the pair layout (moespec_bf16_pairs: the engine's bf16 path on AVX-512-BF16), or bf16 /
- * int8 [O, I] row by row (candidates). Each output element is one dot product in one fixed
- * order whatever R is, and no accumulation crosses rows, so a pass of n rows gives every row
+ * x bf16 [R, I], out bf16 [R, O], rounded once to nearest even; W bf16 or int8 (with a bf16
+ * scale per output row) in the pair layout (moespec_*_pairs*: the engine's paths), or bf16 /
+ * int8 [O, I] row by row (candidates). bf16 accumulates in fp32; int8 quantizes each input row
+ * to int16 and accumulates in int32 blocks, then fp32. Each output element is one dot product
+ * in one fixed order whatever R is, and no accumulation crosses rows, so a pass of n rows gives every row
  * the bits of a one-row pass (batch-invariant by construction). Output rows are split over the
  * threads in contiguous blocks (OpenMP, static), so each thread streams its part of W once.
  *
@@ -11,6 +12,7 @@
  * and the caller chooses the functions the CPU has (moespec/kernels/native.py).
  */
 #include <immintrin.h>
+#include <math.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -32,7 +34,7 @@ INLINE float from_bf16(uint16_t h) {
     return f;
 }
 
-int moespec_native_version(void) { return 2; }
+int moespec_native_version(void) { return 3; }
 
 
 #define TILE 4 /* input rows per tile of the row-by-row candidates */
@@ -108,6 +110,31 @@ static float *widen_rows(const uint16_t *x, int64_t R, int64_t I, int64_t xs) {
         for (int64_t r = 0; r < R; r++)
             for (int64_t j = 0; j < I; j++) xf[r * xs + j] = from_bf16(x[r * I + j]);
     return xf;
+}
+
+/* ---------------------------------------------------------------- int8 pairs, int16 inputs */
+#define Q_MAX 32767
+#define Q_BLOCK 128 /* pairs per int32 block: 128 * 2 * 32767 * 127 < 2^31 */
+
+/* x bf16 [R, I] -> int16 [R, xs] (zero-padded past I) and a scale per row: q = round(x / s),
+ * s = max|x| / 32767 (0 for an all-zero row). NULL without memory. */
+static int16_t *quantize_rows(const uint16_t *x, int64_t R, int64_t I, int64_t xs, float *scale) {
+    int16_t *q = (int16_t *)calloc((size_t)(R * xs), 2);
+    if (!q) return NULL;
+    for (int64_t r = 0; r < R; r++) {
+        float m = 0.0f;
+        for (int64_t j = 0; j < I; j++) {
+            float a = fabsf(from_bf16(x[r * I + j]));
+            m = a > m ? a : m;
+        }
+        scale[r] = m / Q_MAX;
+        float inv = m > 0.0f ? Q_MAX / m : 0.0f;
+        for (int64_t j = 0; j < I; j++) {
+            float v = nearbyintf(from_bf16(x[r * I + j]) * inv);
+            q[r * xs + j] = (int16_t)(v > Q_MAX ? Q_MAX : v < -Q_MAX ? -Q_MAX : v);
+        }
+    }
+    return q;
 }
 
 #ifndef MOESPEC_NO_AVX512
@@ -250,77 +277,122 @@ F5_TARGET int moespec_int8_avx512(const int8_t *W, const uint16_t *scales, const
     return 0;
 }
 
-/* int8 weights in groups of 64 output rows, each [I][64] (`pack_groups` in native.py): one
- * 16-byte load holds input j's weights for 16 outputs, widened to fp32 and multiplied by the
- * broadcast input. Each output is one fp32 chain over j in order, then times its row's scale:
- * batch-invariant, like the pair layout. Inputs are widened to fp32 once per call. */
-F5_TARGET INLINE void groups_sweep(const int8_t *G, int64_t I, const float *x, int64_t xs,
-                                   const int NR, const uint16_t *scales, uint16_t *out,
-                                   int64_t O, int64_t o0) {
-    __m512 acc[PAIR_ROWS][4];
-    for (int r = 0; r < NR; r++)
-        for (int b = 0; b < 4; b++) acc[r][b] = _mm512_setzero_ps();
-    for (int64_t j = 0; j < I; j++) {
-        const int8_t *gw = G + j * PAIR_GROUP;
-        __m512 w0 = WIDEN8(gw), w1 = WIDEN8(gw + 16), w2 = WIDEN8(gw + 32), w3 = WIDEN8(gw + 48);
-        for (int r = 0; r < NR; r++) {
-            __m512 xv = _mm512_set1_ps(x[r * xs + j]);
-            acc[r][0] = _mm512_fmadd_ps(w0, xv, acc[r][0]);
-            acc[r][1] = _mm512_fmadd_ps(w1, xv, acc[r][1]);
-            acc[r][2] = _mm512_fmadd_ps(w2, xv, acc[r][2]);
-            acc[r][3] = _mm512_fmadd_ps(w3, xv, acc[r][3]);
-        }
+/* int8 weights in the pair layout (`pack_pairs` of the int8 values: groups of 64 output rows,
+ * [I/2][64][2]), inputs quantized per row to int16 (`quantize_rows`): one 32-byte load holds a
+ * pair of weights for 16 outputs, widened to int16, and `vpmaddwd` (`vpdpwssd` with VNNI)
+ * multiplies them by a broadcast pair of inputs and adds each output's two products in int32,
+ * exactly. Each block of Q_BLOCK pairs is summed in int32 (no overflow: see Q_BLOCK), and the
+ * blocks in order in fp32; the sum is times the weight row's scale, then the input row's. */
+#define QPAIRS_SWEEP(NAME, TARGET, MADD)                                                     \
+    TARGET INLINE void NAME(const int8_t *P, int64_t JP, const int16_t *x, int64_t xs,        \
+                            const float *xscale, const int NR, const uint16_t *wscale,        \
+                            uint16_t *out, int64_t O, int64_t o0) {                           \
+        __m512 f[PAIR_ROWS][4];                                                              \
+        for (int r = 0; r < NR; r++)                                                         \
+            for (int b = 0; b < 4; b++) f[r][b] = _mm512_setzero_ps();                       \
+        for (int64_t b0 = 0; b0 < JP; b0 += Q_BLOCK) {                                       \
+            int64_t b1 = JP - b0 < Q_BLOCK ? JP : b0 + Q_BLOCK;                              \
+            __m512i acc[PAIR_ROWS][4];                                                       \
+            for (int r = 0; r < NR; r++)                                                     \
+                for (int b = 0; b < 4; b++) acc[r][b] = _mm512_setzero_si512();              \
+            for (int64_t jp = b0; jp < b1; jp++) {                                           \
+                const int8_t *pw = P + jp * 2 * PAIR_GROUP;                                  \
+                __m512i w0 = _mm512_cvtepi8_epi16(_mm256_loadu_si256((const void *)pw));      \
+                __m512i w1 = _mm512_cvtepi8_epi16(_mm256_loadu_si256((const void *)(pw + 32))); \
+                __m512i w2 = _mm512_cvtepi8_epi16(_mm256_loadu_si256((const void *)(pw + 64))); \
+                __m512i w3 = _mm512_cvtepi8_epi16(_mm256_loadu_si256((const void *)(pw + 96))); \
+                for (int r = 0; r < NR; r++) {                                               \
+                    int32_t pair;                                                            \
+                    memcpy(&pair, x + r * xs + 2 * jp, 4);                                   \
+                    __m512i xv = _mm512_set1_epi32(pair);                                    \
+                    acc[r][0] = MADD(acc[r][0], w0, xv);                                     \
+                    acc[r][1] = MADD(acc[r][1], w1, xv);                                     \
+                    acc[r][2] = MADD(acc[r][2], w2, xv);                                     \
+                    acc[r][3] = MADD(acc[r][3], w3, xv);                                     \
+                }                                                                            \
+            }                                                                                \
+            for (int r = 0; r < NR; r++)                                                     \
+                for (int b = 0; b < 4; b++)                                                  \
+                    f[r][b] = _mm512_add_ps(f[r][b], _mm512_cvtepi32_ps(acc[r][b]));         \
+        }                                                                                    \
+        for (int b = 0; b < 4; b++) {                                                        \
+            int64_t o = o0 + 16 * b, left = O - o;                                           \
+            if (left <= 0) break;                                                            \
+            __mmask16 m = left >= 16 ? 0xffff : (__mmask16)((1u << left) - 1);              \
+            __m512 s = _mm512_castsi512_ps(_mm512_slli_epi32(                                \
+                _mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(m, wscale + o)), 16));         \
+            for (int r = 0; r < NR; r++) {                                                   \
+                float v[16];                                                                 \
+                _mm512_storeu_ps(v, _mm512_mul_ps(_mm512_mul_ps(f[r][b], s),                 \
+                                                  _mm512_set1_ps(xscale[r])));               \
+                for (int k = 0; k < (left < 16 ? left : 16); k++)                            \
+                    out[r * O + o + k] = to_bf16(v[k]);                                      \
+            }                                                                                \
+        }                                                                                    \
     }
-    for (int b = 0; b < 4; b++) {
-        int64_t o = o0 + 16 * b, left = O - o;
-        if (left <= 0) break;
-        __mmask16 m = left >= 16 ? 0xffff : (__mmask16)((1u << left) - 1);
-        __m512 s = _mm512_castsi512_ps(_mm512_slli_epi32(
-            _mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(m, scales + o)), 16));
-        for (int r = 0; r < NR; r++) {
-            float v[16];
-            _mm512_storeu_ps(v, _mm512_mul_ps(acc[r][b], s));
-            for (int k = 0; k < (left < 16 ? left : 16); k++) out[r * O + o + k] = to_bf16(v[k]);
-        }
+
+#define VN_TARGET __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni")))
+#define MADD_BW(acc, w, x) _mm512_add_epi32(acc, _mm512_madd_epi16(w, x))
+#define MADD_VNNI(acc, w, x) _mm512_dpwssd_epi32(acc, w, x)
+QPAIRS_SWEEP(qpairs_sweep, F5_TARGET, MADD_BW)
+QPAIRS_SWEEP(qpairs_vnni_sweep, VN_TARGET, MADD_VNNI)
+
+#define QSWEEP(NAME, TARGET, NR_)                                                            \
+    TARGET __attribute__((noinline)) static void NAME##_##NR_(                               \
+        const int8_t *P, int64_t JP, const int16_t *x, int64_t xs, const float *xscale,       \
+        const uint16_t *wscale, uint16_t *out, int64_t O, int64_t o0) {                      \
+        NAME(P, JP, x, xs, xscale, NR_, wscale, out, O, o0);                                 \
     }
-}
+#define QSWEEPS(NAME, TARGET)                                                                \
+    QSWEEP(NAME, TARGET, 1) QSWEEP(NAME, TARGET, 2) QSWEEP(NAME, TARGET, 3)                  \
+    QSWEEP(NAME, TARGET, 4) QSWEEP(NAME, TARGET, 5) QSWEEP(NAME, TARGET, 6)                  \
+    static const qsweep_fn NAME##_table[PAIR_ROWS] = {NAME##_1, NAME##_2, NAME##_3,          \
+                                                      NAME##_4, NAME##_5, NAME##_6};
+typedef void (*qsweep_fn)(const int8_t *, int64_t, const int16_t *, int64_t, const float *,
+                          const uint16_t *, uint16_t *, int64_t, int64_t);
+QSWEEPS(qpairs_sweep, F5_TARGET)
+QSWEEPS(qpairs_vnni_sweep, VN_TARGET)
 
-#define GSWEEP(NR_)                                                                          \
-    F5_TARGET __attribute__((noinline)) static void gsweep_##NR_(                            \
-        const int8_t *G, int64_t I, const float *x, int64_t xs, const uint16_t *scales,       \
-        uint16_t *out, int64_t O, int64_t o0) {                                              \
-        groups_sweep(G, I, x, xs, NR_, scales, out, O, o0);                                  \
+/* The int8 pair batches: inputs quantized once per call, then as the bf16 pair batch. */
+#define QPAIRS_BATCH(NAME, TARGET, TABLE)                                                    \
+    TARGET int NAME(int64_t n, const uint64_t *weights, const uint64_t *scales,              \
+                    const uint16_t *X, int64_t x_rows, const int64_t *xrow,                  \
+                    const int64_t *count, uint16_t *out, const int64_t *orow, int64_t O,     \
+                    int64_t I, int threads) {                                                \
+        int64_t JP = (I + 1) / 2, xs = 2 * JP;                                               \
+        float *xsc = (float *)malloc((size_t)x_rows * 4 + 4);                                \
+        int16_t *xq = xsc ? quantize_rows(X, x_rows, I, xs, xsc) : NULL;                     \
+        if (!xq) {                                                                           \
+            free(xsc);                                                                       \
+            return 1;                                                                        \
+        }                                                                                    \
+        BATCH_LOOP(TABLE[nr - 1]((const int8_t *)weights[k] + g * JP * 2 * PAIR_GROUP, JP,   \
+                                 xq + (xrow[k] + t) * xs, xs, xsc + xrow[k] + t,             \
+                                 (const uint16_t *)scales[k], out + (orow[k] + t) * O, O,    \
+                                 g * PAIR_GROUP))                                            \
+        free(xq);                                                                            \
+        free(xsc);                                                                           \
+        return 0;                                                                            \
     }
-GSWEEP(1) GSWEEP(2) GSWEEP(3) GSWEEP(4) GSWEEP(5) GSWEEP(6)
-
-typedef void (*gsweep_fn)(const int8_t *, int64_t, const float *, int64_t, const uint16_t *,
-                          uint16_t *, int64_t, int64_t);
-static const gsweep_fn GSWEEPS[PAIR_ROWS] = {gsweep_1, gsweep_2, gsweep_3,
-                                             gsweep_4, gsweep_5, gsweep_6};
-
 #define ROWS_PER_SWEEP PAIR_ROWS
-F5_TARGET int moespec_int8_groups_avx512_batch(int64_t n, const uint64_t *weights,
-                                               const uint64_t *scales, const uint16_t *X,
-                                               int64_t x_rows, const int64_t *xrow,
-                                               const int64_t *count, uint16_t *out,
-                                               const int64_t *orow, int64_t O, int64_t I,
-                                               int threads) {
-    float *xf = widen_rows(X, x_rows, I, I);
-    if (!xf) return 1;
-    BATCH_LOOP(GSWEEPS[nr - 1]((const int8_t *)weights[k] + g * I * PAIR_GROUP, I,
-                               xf + (xrow[k] + t) * I, I, (const uint16_t *)scales[k],
-                               out + (orow[k] + t) * O, O, g * PAIR_GROUP))
-    free(xf);
-    return 0;
-}
+QPAIRS_BATCH(moespec_int8_pairs_avx512_batch, F5_TARGET, qpairs_sweep_table)
+QPAIRS_BATCH(moespec_int8_pairs_vnni_batch, VN_TARGET, qpairs_vnni_sweep_table)
 #undef ROWS_PER_SWEEP
 
-F5_TARGET int moespec_int8_groups_avx512(const int8_t *G, const uint16_t *scales,
-                                         const uint16_t *x, uint16_t *out, int64_t O, int64_t I,
-                                         int64_t R, int threads) {
-    uint64_t w = (uint64_t)(uintptr_t)G, s = (uint64_t)(uintptr_t)scales;
+F5_TARGET int moespec_int8_pairs_avx512(const int8_t *P, const uint16_t *scales,
+                                        const uint16_t *x, uint16_t *out, int64_t O, int64_t I,
+                                        int64_t R, int threads) {
+    uint64_t w = (uint64_t)(uintptr_t)P, s = (uint64_t)(uintptr_t)scales;
     int64_t zero = 0;
-    return moespec_int8_groups_avx512_batch(1, &w, &s, x, R, &zero, &R, out, &zero, O, I, threads);
+    return moespec_int8_pairs_avx512_batch(1, &w, &s, x, R, &zero, &R, out, &zero, O, I, threads);
+}
+
+VN_TARGET int moespec_int8_pairs_vnni(const int8_t *P, const uint16_t *scales, const uint16_t *x,
+                                      uint16_t *out, int64_t O, int64_t I, int64_t R,
+                                      int threads) {
+    uint64_t w = (uint64_t)(uintptr_t)P, s = (uint64_t)(uintptr_t)scales;
+    int64_t zero = 0;
+    return moespec_int8_pairs_vnni_batch(1, &w, &s, x, R, &zero, &R, out, &zero, O, I, threads);
 }
 #endif /* MOESPEC_NO_AVX512 */
 
@@ -445,41 +517,11 @@ V2_TARGET INLINE void v2_pairs_sweep(const uint16_t *P, int64_t JP, const float 
         }
 }
 
-V2_TARGET INLINE void v2_groups_sweep(const int8_t *G, int64_t I, const float *x, int64_t xs,
-                                      const int NR, const int NV, int64_t half,
-                                      const uint16_t *scales, uint16_t *out, int64_t O,
-                                      int64_t o0) {
-    __m256 acc[HALF_ROWS][8];
-    for (int r = 0; r < NR; r++)
-        for (int v = 0; v < NV; v++) acc[r][v] = _mm256_setzero_ps();
-    for (int64_t j = 0; j < I; j++) {
-        const int8_t *gw = G + j * PAIR_GROUP + half * 32;
-        for (int v = 0; v < NV; v++) {
-            __m256 w = widen_int8x8(gw + v * 8);
-            for (int r = 0; r < NR; r++)
-                acc[r][v] = _mm256_fmadd_ps(w, _mm256_broadcast_ss(x + r * xs + j), acc[r][v]);
-        }
-    }
-    for (int r = 0; r < NR; r++)
-        for (int v = 0; v < NV; v++) {
-            float lanes[8];
-            _mm256_storeu_ps(lanes, acc[r][v]);
-            int64_t o = o0 + half * 32 + v * 8;
-            for (int k = 0; k < 8 && o + k < O; k++)
-                out[r * O + o + k] = to_bf16(lanes[k] * from_bf16(scales[o + k]));
-        }
-}
-
 #define V2SWEEPS(NR_, NV_)                                                                   \
     V2_TARGET __attribute__((noinline)) static void v2p_##NR_##_##NV_(                       \
         const uint16_t *P, int64_t JP, const float *x, int64_t xs, int64_t half, uint16_t *out, \
         int64_t O, int64_t o0) {                                                             \
         v2_pairs_sweep(P, JP, x, xs, NR_, NV_, half, out, O, o0);                            \
-    }                                                                                        \
-    V2_TARGET __attribute__((noinline)) static void v2g_##NR_##_##NV_(                       \
-        const int8_t *G, int64_t I, const float *x, int64_t xs, int64_t half,                 \
-        const uint16_t *scales, uint16_t *out, int64_t O, int64_t o0) {                      \
-        v2_groups_sweep(G, I, x, xs, NR_, NV_, half, scales, out, O, o0);                    \
     }
 V2SWEEPS(1, 8) V2SWEEPS(1, 4) V2SWEEPS(2, 4)
 
@@ -530,32 +572,166 @@ V2_TARGET int moespec_bf16_pairs_avx2(const uint16_t *P, const uint16_t *x, uint
     return moespec_bf16_pairs_avx2_batch(1, &w, x, R, &zero, &R, out, &zero, O, I, threads);
 }
 
-V2_TARGET int moespec_int8_groups_avx2_batch(int64_t n, const uint64_t *weights,
-                                             const uint64_t *scales, const uint16_t *X,
-                                             int64_t x_rows, const int64_t *xrow,
-                                             const int64_t *count, uint16_t *out,
-                                             const int64_t *orow, int64_t O, int64_t I,
-                                             int threads) {
-    float *xf = widen_rows(X, x_rows, I, I);
-    if (!xf) return 1;
-#define GG ((const int8_t *)weights[k] + g * I * PAIR_GROUP)
+
+/* int8 pairs on AVX2 (as on AVX-512, see qpairs_sweep): 8 outputs per `vpmaddwd`, a whole
+ * group for one row or half a group for up to two rows, as the bf16 pair sweeps. */
+V2_TARGET INLINE void v2_qpairs_sweep(const int8_t *P, int64_t JP, const int16_t *x, int64_t xs,
+                                      const float *xscale, const int NR, const int NV,
+                                      int64_t half, const uint16_t *wscale, uint16_t *out,
+                                      int64_t O, int64_t o0) {
+    __m256 f[HALF_ROWS][8];
+    for (int r = 0; r < NR; r++)
+        for (int v = 0; v < NV; v++) f[r][v] = _mm256_setzero_ps();
+    for (int64_t b0 = 0; b0 < JP; b0 += Q_BLOCK) {
+        int64_t b1 = JP - b0 < Q_BLOCK ? JP : b0 + Q_BLOCK;
+        __m256i acc[HALF_ROWS][8];
+        for (int r = 0; r < NR; r++)
+            for (int v = 0; v < NV; v++) acc[r][v] = _mm256_setzero_si256();
+        for (int64_t jp = b0; jp < b1; jp++) {
+            const int8_t *pw = P + jp * 2 * PAIR_GROUP + half * 64;
+            for (int v = 0; v < NV; v++) {
+                __m256i w = _mm256_cvtepi8_epi16(_mm_loadu_si128((const void *)(pw + v * 16)));
+                for (int r = 0; r < NR; r++) {
+                    int32_t pair;
+                    memcpy(&pair, x + r * xs + 2 * jp, 4);
+                    acc[r][v] = _mm256_add_epi32(acc[r][v],
+                                                 _mm256_madd_epi16(w, _mm256_set1_epi32(pair)));
+                }
+            }
+        }
+        for (int r = 0; r < NR; r++)
+            for (int v = 0; v < NV; v++)
+                f[r][v] = _mm256_add_ps(f[r][v], _mm256_cvtepi32_ps(acc[r][v]));
+    }
+    for (int r = 0; r < NR; r++)
+        for (int v = 0; v < NV; v++) {
+            float lanes[8];
+            _mm256_storeu_ps(lanes, f[r][v]);
+            int64_t o = o0 + half * 32 + v * 8;
+            for (int k = 0; k < 8 && o + k < O; k++)
+                out[r * O + o + k] = to_bf16(lanes[k] * from_bf16(wscale[o + k]) * xscale[r]);
+        }
+}
+
+#define V2QSWEEP(NR_, NV_)                                                                   \
+    V2_TARGET __attribute__((noinline)) static void v2q_##NR_##_##NV_(                       \
+        const int8_t *P, int64_t JP, const int16_t *x, int64_t xs, const float *xscale,       \
+        int64_t half, const uint16_t *wscale, uint16_t *out, int64_t O, int64_t o0) {         \
+        v2_qpairs_sweep(P, JP, x, xs, xscale, NR_, NV_, half, wscale, out, O, o0);           \
+    }
+V2QSWEEP(1, 8) V2QSWEEP(1, 4) V2QSWEEP(2, 4)
+
+V2_TARGET int moespec_int8_pairs_avx2_batch(int64_t n, const uint64_t *weights,
+                                            const uint64_t *scales, const uint16_t *X,
+                                            int64_t x_rows, const int64_t *xrow,
+                                            const int64_t *count, uint16_t *out,
+                                            const int64_t *orow, int64_t O, int64_t I,
+                                            int threads) {
+    int64_t JP = (I + 1) / 2, xs = 2 * JP;
+    float *xsc = (float *)malloc((size_t)x_rows * 4 + 4);
+    int16_t *xq = xsc ? quantize_rows(X, x_rows, I, xs, xsc) : NULL;
+    if (!xq) {
+        free(xsc);
+        return 1;
+    }
+#define QP ((const int8_t *)weights[k] + g * JP * 2 * PAIR_GROUP)
 #define SC ((const uint16_t *)scales[k])
     V2_BATCH_LOOP(V2_ITEM(
-        v2g_1_8(GG, I, xf + xrow[k] * I, I, 0, SC, out + orow[k] * O, O, g * PAIR_GROUP),
-        v2g_1_4(GG, I, xf + (xrow[k] + t) * I, I, half, SC, out + (orow[k] + t) * O, O,
+        v2q_1_8(QP, JP, xq + xrow[k] * xs, xs, xsc + xrow[k], 0, SC, out + orow[k] * O, O,
                 g * PAIR_GROUP),
-        v2g_2_4(GG, I, xf + (xrow[k] + t) * I, I, half, SC, out + (orow[k] + t) * O, O,
-                g * PAIR_GROUP)))
-#undef GG
+        v2q_1_4(QP, JP, xq + (xrow[k] + t) * xs, xs, xsc + xrow[k] + t, half, SC,
+                out + (orow[k] + t) * O, O, g * PAIR_GROUP),
+        v2q_2_4(QP, JP, xq + (xrow[k] + t) * xs, xs, xsc + xrow[k] + t, half, SC,
+                out + (orow[k] + t) * O, O, g * PAIR_GROUP)))
+#undef QP
 #undef SC
-    free(xf);
+    free(xq);
+    free(xsc);
     return 0;
 }
 
-V2_TARGET int moespec_int8_groups_avx2(const int8_t *G, const uint16_t *scales,
-                                       const uint16_t *x, uint16_t *out, int64_t O, int64_t I,
-                                       int64_t R, int threads) {
-    uint64_t w = (uint64_t)(uintptr_t)G, s = (uint64_t)(uintptr_t)scales;
+V2_TARGET int moespec_int8_pairs_avx2(const int8_t *P, const uint16_t *scales, const uint16_t *x,
+                                      uint16_t *out, int64_t O, int64_t I, int64_t R,
+                                      int threads) {
+    uint64_t w = (uint64_t)(uintptr_t)P, s = (uint64_t)(uintptr_t)scales;
     int64_t zero = 0;
-    return moespec_int8_groups_avx2_batch(1, &w, &s, x, R, &zero, &R, out, &zero, O, I, threads);
+    return moespec_int8_pairs_avx2_batch(1, &w, &s, x, R, &zero, &R, out, &zero, O, I, threads);
 }
+
+/* ---------------------------------------------------------------- decode attention
+ * One query row over L cached positions: out[h] = softmax(scale q[h] . K[h / G]^T) V[h / G]
+ * for H query heads, G of them per key head. q bf16 [H, D]; K, V bf16, position l of key head
+ * c at k + c * k_head + l * k_row (D contiguous values), likewise V (Dv values); out bf16
+ * [H, Dv]. Scores, softmax and the weighted sum of V in fp32, in position order; each output
+ * rounded once. Heads are split over the threads where the work is large enough. Returns 1
+ * without memory. */
+#define ATTEND(NAME, TARGET, VEC, LANES, ZERO, LOADW, LOADF, FMA, HSUM, SET1, STOREU)         \
+    TARGET static int NAME##_head(const uint16_t *q, const uint16_t *k, const uint16_t *v,    \
+                                  uint16_t *out, int64_t L, int64_t D, int64_t Dv,            \
+                                  int64_t k_row, int64_t v_row, float scale) {                \
+        int64_t DP = (D + LANES - 1) / LANES * LANES;                                        \
+        float *qf = (float *)malloc((size_t)(L + DP) * 4), *s = qf + DP;                     \
+        if (!qf) return 1;                                                                   \
+        for (int64_t d = 0; d < DP; d++) qf[d] = d < D ? from_bf16(q[d]) : 0.0f;            \
+        float m = -INFINITY;                                                                 \
+        for (int64_t l = 0; l < L; l++) {                                                    \
+            const uint16_t *kr = k + l * k_row;                                              \
+            VEC acc = ZERO;                                                                  \
+            int64_t d = 0;                                                                   \
+            for (; d + LANES <= D; d += LANES) acc = FMA(LOADW(kr + d), LOADF(qf + d), acc);  \
+            float tail = 0.0f;                                                               \
+            for (; d < D; d++) tail += from_bf16(kr[d]) * qf[d];                             \
+            s[l] = (HSUM(acc) + tail) * scale;                                               \
+            m = s[l] > m ? s[l] : m;                                                         \
+        }                                                                                    \
+        float total = 0.0f;                                                                  \
+        for (int64_t l = 0; l < L; l++) {                                                    \
+            s[l] = expf(s[l] - m);                                                           \
+            total += s[l];                                                                   \
+        }                                                                                    \
+        float inv = 1.0f / total;                                                            \
+        int64_t d0 = 0;                                                                      \
+        for (; d0 + 4 * LANES <= Dv; d0 += 4 * LANES) {                                      \
+            VEC a0 = ZERO, a1 = ZERO, a2 = ZERO, a3 = ZERO;                                  \
+            for (int64_t l = 0; l < L; l++) {                                                \
+                const uint16_t *vr = v + l * v_row + d0;                                     \
+                VEC p = SET1(s[l]);                                                          \
+                a0 = FMA(LOADW(vr), p, a0);                                                  \
+                a1 = FMA(LOADW(vr + LANES), p, a1);                                          \
+                a2 = FMA(LOADW(vr + 2 * LANES), p, a2);                                      \
+                a3 = FMA(LOADW(vr + 3 * LANES), p, a3);                                      \
+            }                                                                                \
+            float lanes[4 * LANES];                                                          \
+            STOREU(lanes, a0);                                                               \
+            STOREU(lanes + LANES, a1);                                                       \
+            STOREU(lanes + 2 * LANES, a2);                                                   \
+            STOREU(lanes + 3 * LANES, a3);                                                   \
+            for (int d = 0; d < 4 * LANES; d++) out[d0 + d] = to_bf16(lanes[d] * inv);       \
+        }                                                                                    \
+        for (; d0 < Dv; d0++) { /* a ragged end of Dv: in scalar, in the same order */       \
+            float acc = 0.0f;                                                                \
+            for (int64_t l = 0; l < L; l++) acc = fmaf(from_bf16(v[l * v_row + d0]), s[l], acc); \
+            out[d0] = to_bf16(acc * inv);                                                    \
+        }                                                                                    \
+        free(qf);                                                                            \
+        return 0;                                                                            \
+    }                                                                                        \
+    TARGET int NAME(const uint16_t *q, const uint16_t *k, const uint16_t *v, uint16_t *out,   \
+                    int64_t H, int64_t G, int64_t L, int64_t D, int64_t Dv, int64_t k_head,   \
+                    int64_t k_row, int64_t v_head, int64_t v_row, float scale, int threads) { \
+        int fail = 0;                                                                        \
+        int use = H > 1 && H * L * (D + Dv) >= (1 << 16) ? threads : 1;                      \
+        _Pragma("omp parallel for schedule(static) num_threads(use) reduction(| : fail)")    \
+        for (int64_t h = 0; h < H; h++)                                                      \
+            fail |= NAME##_head(q + h * D, k + (h / G) * k_head, v + (h / G) * v_head,        \
+                                out + h * Dv, L, D, Dv, k_row, v_row, scale);                \
+        return fail;                                                                         \
+    }
+
+#ifndef MOESPEC_NO_AVX512
+#define W16(p) _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256((const void *)(p))), 16))
+ATTEND(moespec_attend_bf16_avx512, F5_TARGET, __m512, 16, _mm512_setzero_ps(), W16, _mm512_loadu_ps,
+       _mm512_fmadd_ps, _mm512_reduce_add_ps, _mm512_set1_ps, _mm512_storeu_ps)
+#endif
+ATTEND(moespec_attend_bf16_avx2, V2_TARGET, __m256, 8, _mm256_setzero_ps(), widen_bf16x8,
+       _mm256_loadu_ps, _mm256_fmadd_ps, hsum8, _mm256_set1_ps, _mm256_storeu_ps)

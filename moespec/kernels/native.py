@@ -4,28 +4,32 @@ A decode or verification step is products of 1-9 rows with each weight read once
 speed is the bandwidth those products reach. On a 2-core AVX-512-BF16 host, one [2048, 2048]
 bf16 product through oneDNN's packed layout moved 14 GB/s on one thread (PyTorch's unpacked
 path 10); `native.c`'s loops move 27 (`benchmarks/results/cpu_paths_avx512.json`), and stay
-near that up to 9 rows (`python benchmarks/cpu_paths.py --rows N`). Two layouts, made once at
-load (`pack_pairs`, `pack_groups`), each in groups of 64 output rows so a group streams from
-memory as one run:
+near that up to 9 rows (`python benchmarks/cpu_paths.py --rows N`). One layout, made once at
+load (`pack_pairs`), in groups of 64 output rows so a group streams from memory as one run:
+[in / 2][64][2] per group, the weights of two consecutive inputs side by side.
 
-- bf16, the pair layout: [in / 2][64][2] per group, the weights of two consecutive inputs side
-  by side. AVX-512-BF16 multiplies a pair of weights for 16 outputs by a broadcast pair of
-  inputs with one `vdpbf16ps`; AVX2 splits the pairs into even and odd weights (a shift, a
-  mask) and multiplies them by the broadcast inputs with FMA.
-- int8 (one scale per output row, `moespec.kernels.quant`), the group layout: [in][64] per
-  group, widened to fp32 and multiplied with FMA (AVX-512F or AVX2), the scale applied to
-  each output's sum.
+- bf16: AVX-512-BF16 multiplies a pair of weights for 16 outputs by a broadcast pair of inputs
+  with one `vdpbf16ps`; AVX2 splits the pairs into even and odd weights (a shift, a mask) and
+  multiplies them by the broadcast inputs with FMA. Each output is one fp32 chain.
+- int8 (one scale per output row, `moespec.kernels.quant`): each input row is quantized to
+  int16 with one scale (its largest magnitude / 32767: an error of at most 2^-16 of that
+  magnitude per input, within the bf16 rounding of the output), the weights are widened to
+  int16, and `vpmaddwd` (`vpdpwssd` with AVX-512-VNNI; AVX2's `vpmaddwd` on 8 outputs)
+  multiplies a pair of weights by a pair of inputs and adds them, exactly, in int32. Blocks
+  of 128 pairs are summed in int32 (they cannot overflow), the blocks in fp32 in order, and
+  each output is times its row's scale and the input's. Half the instructions per weight of
+  widening int8 to fp32 for FMA: 1.8-2x its speed (`benchmarks/cpu_paths.py`).
 
-Each output is one fp32 chain over the inputs in order, whatever the number of rows and
-however the rows are tiled, so a pass of n rows gives every row its one-row bits:
+Whatever the number of rows and however the rows are tiled, each output is computed in one
+fixed order from its own row alone, so a pass of n rows gives every row its one-row bits:
 batch-invariant by construction, with no row chunking (`moespec.kernels.invariance`). The
-layouts hold the same bytes (padded to 64 rows and an even width), so nothing is held twice.
+layout holds the same bytes (padded to 64 rows and an even width), so nothing is held twice.
 `batch_products` runs a layer's expert products in one call (one fork and join of the
 threads); each product gets the bits a call of its own gives it.
 
-`native.c` also holds row-by-row loops for bf16 (AVX2) and int8 (AVX-512F, AVX2): candidates
-`benchmarks/cpu_paths.py` times, not paths the engine takes (they lose to the layouts above
-from two rows).
+`native.c` also holds row-by-row loops for bf16 (AVX2) and int8 (AVX-512F, AVX2; fp32
+inputs, FMA): candidates `benchmarks/cpu_paths.py` times, not paths the engine takes (they
+lose to the pair layout from two rows).
 
 The library is built on first use with the system's C compiler (`$CC`, else cc, gcc or clang)
 into the user's cache (`$MOESPEC_CACHE`, else `$XDG_CACHE_HOME/moespec` or `~/.cache/moespec`),
@@ -52,15 +56,16 @@ import torch
 from moespec.kernels.isa import cpu_flags, this_cpu
 
 SOURCE = Path(__file__).with_name("native.c")
-VERSION = 2  # moespec_native_version() of the source this module speaks to
+VERSION = 3  # moespec_native_version() of the source this module speaks to
 PAIR_GROUP = 64  # output rows per group of the pair layout (native.c)
 
 _P, _I64, _INT = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int
 _SIGNATURES = {
     "moespec_bf16_pairs": [_P, _P, _P, _I64, _I64, _I64, _INT],
     "moespec_bf16_pairs_avx2": [_P, _P, _P, _I64, _I64, _I64, _INT],
-    "moespec_int8_groups_avx512": [_P, _P, _P, _P, _I64, _I64, _I64, _INT],
-    "moespec_int8_groups_avx2": [_P, _P, _P, _P, _I64, _I64, _I64, _INT],
+    "moespec_int8_pairs_avx512": [_P, _P, _P, _P, _I64, _I64, _I64, _INT],
+    "moespec_int8_pairs_vnni": [_P, _P, _P, _P, _I64, _I64, _I64, _INT],
+    "moespec_int8_pairs_avx2": [_P, _P, _P, _P, _I64, _I64, _I64, _INT],
     "moespec_bf16_avx2": [_P, _P, _P, _I64, _I64, _I64, _INT],
     "moespec_int8_avx512": [_P, _P, _P, _P, _I64, _I64, _I64, _INT],
     "moespec_int8_avx2": [_P, _P, _P, _P, _I64, _I64, _I64, _INT],
@@ -68,8 +73,12 @@ _SIGNATURES = {
     # the scales* after the weights*
     "moespec_bf16_pairs_batch": [_I64, _P, _P, _I64, _P, _P, _P, _P, _I64, _I64, _INT],
     "moespec_bf16_pairs_avx2_batch": [_I64, _P, _P, _I64, _P, _P, _P, _P, _I64, _I64, _INT],
-    "moespec_int8_groups_avx512_batch": [_I64, _P, _P, _P, _I64, _P, _P, _P, _P, _I64, _I64, _INT],
-    "moespec_int8_groups_avx2_batch": [_I64, _P, _P, _P, _I64, _P, _P, _P, _P, _I64, _I64, _INT],
+    "moespec_int8_pairs_avx512_batch": [_I64, _P, _P, _P, _I64, _P, _P, _P, _P, _I64, _I64, _INT],
+    "moespec_int8_pairs_vnni_batch": [_I64, _P, _P, _P, _I64, _P, _P, _P, _P, _I64, _I64, _INT],
+    "moespec_int8_pairs_avx2_batch": [_I64, _P, _P, _P, _I64, _P, _P, _P, _P, _I64, _I64, _INT],
+    # decode attention: q, k, v, out, H, G, L, D, Dv, k_head, k_row, v_head, v_row, scale, threads
+    "moespec_attend_bf16_avx512": [_P] * 4 + [_I64] * 9 + [ctypes.c_float, _INT],
+    "moespec_attend_bf16_avx2": [_P] * 4 + [_I64] * 9 + [ctypes.c_float, _INT],
 }
 
 
@@ -127,7 +136,7 @@ def build(compiler: str, out_dir: Path) -> tuple[Path, bool]:
         out_dir.mkdir(parents=True, exist_ok=True)
         fd, tmp = tempfile.mkstemp(dir=out_dir, suffix=".so.tmp")
         os.close(fd)
-        cmd = [compiler, *BASE_FLAGS, *flags, str(SOURCE), "-o", tmp]
+        cmd = [compiler, *BASE_FLAGS, *flags, str(SOURCE), "-o", tmp, "-lm"]
         done = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
         if done.returncode == 0:
             os.replace(tmp, target)  # atomic: a concurrent build leaves one whole file
@@ -170,18 +179,20 @@ PAIRS = {
     "avx512": (),
     "avx2": ("moespec_bf16_pairs_avx2",),
 }
-GROUPS = {
-    "amx": ("moespec_int8_groups_avx512",),
-    "avx512-bf16": ("moespec_int8_groups_avx512",),
-    "avx512": ("moespec_int8_groups_avx512",),
-    "avx2": ("moespec_int8_groups_avx2",),
+INT8 = {
+    "amx": ("moespec_int8_pairs_vnni", "moespec_int8_pairs_avx512"),
+    "avx512-bf16": ("moespec_int8_pairs_vnni", "moespec_int8_pairs_avx512"),
+    "avx512": ("moespec_int8_pairs_vnni", "moespec_int8_pairs_avx512"),
+    "avx2": ("moespec_int8_pairs_avx2",),
 }
+# functions that need a flag beyond their family's
+NEEDS = {"moespec_int8_pairs_vnni": "avx512_vnni"}
 
 
 def layout_function(kind: str, family: str) -> tuple[str | None, str | None]:
-    """(the native function for bf16 "pairs" or int8 "groups" on this CPU family, or None
-    with the reason)."""
-    candidates = (PAIRS if kind == "pairs" else GROUPS).get(family)
+    """(the native function for "bf16" or "int8" weights in the pair layout on this CPU family,
+    or None with the reason)."""
+    candidates = (PAIRS if kind == "bf16" else INT8).get(family)
     if not candidates:
         return None, f"no native {kind} loops for CPU family {family}"
     if native().lib is None:
@@ -189,9 +200,46 @@ def layout_function(kind: str, family: str) -> tuple[str | None, str | None]:
     if family == "avx2" and "fma" not in cpu_flags():
         return None, "the AVX2 loops need FMA, which this CPU lacks"
     for name in candidates:
-        if native().has(name):
+        if native().has(name) and NEEDS.get(name, "avx2") in cpu_flags():
             return name, None
-    return None, f"the {native().compiler} build lacks {candidates[0]}"
+    return None, f"the {native().compiler} build lacks {candidates[-1]}"
+
+
+ATTENTION = {
+    "amx": "moespec_attend_bf16_avx512",
+    "avx512-bf16": "moespec_attend_bf16_avx512",
+    "avx512": "moespec_attend_bf16_avx512",
+    "avx2": "moespec_attend_bf16_avx2",
+}
+
+
+@functools.cache
+def attention_function():
+    """The native decode attention for this CPU family, or None (no loops, no FMA on AVX2)."""
+    name = ATTENTION.get(this_cpu()[2])
+    if name is None or not native().has(name):
+        return None
+    if name.endswith("avx2") and "fma" not in cpu_flags():
+        return None
+    return getattr(native().lib, name)
+
+
+def attend_one(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, scale: float):
+    """Attention of one query row: q bf16 [1, 1, H, D] over keys [1, K, L, D] and values
+    [1, K, L, Dv] (bf16, each position's values contiguous: the cache's views), head h on key
+    head h // (H / K); returns [1, 1, H Dv]. fp32 scores, softmax and sums in position order,
+    one rounding per output: the same bits whatever else the pass holds. Callers check
+    `attention_function()` first."""
+    heads, dim = q.shape[2], q.shape[3]
+    kv, length, dv = keys.shape[1], keys.shape[2], values.shape[3]
+    q = q.contiguous()
+    out = torch.empty(1, 1, heads * dv, dtype=torch.bfloat16)
+    strides = (keys.stride(1), keys.stride(2), values.stride(1), values.stride(2))
+    shape = (heads, heads // kv, length, dim, dv, *strides)
+    ptrs = (q.data_ptr(), keys.data_ptr(), values.data_ptr(), out.data_ptr())
+    if attention_function()(*ptrs, *shape, scale, _threads(None)):
+        raise MemoryError("native attention: no memory for its scores")
+    return out
 
 
 class PairWeight:
@@ -215,7 +263,7 @@ def pairs_product(x: torch.Tensor, weight: PairWeight, threads: int | None = Non
     """x @ weight.T for bf16 x [..., in]: bf16 out, accumulated in fp32."""
     if x.dtype != torch.bfloat16:
         raise TypeError(f"pair-layout product wants bf16 input, got {x.dtype}")
-    return _call(_function("pairs"), weight.packed, x, weight.shape[0], threads=threads)
+    return _call(_function("bf16"), weight.packed, x, weight.shape[0], threads=threads)
 
 
 def native_product(name: str, weight, x, out_size: int, scales=None, threads=None):
@@ -235,9 +283,9 @@ def _call(function, weight, x, out_size: int, scales=None, threads=None) -> torc
 
 
 def pack_pairs(weight: torch.Tensor) -> torch.Tensor:
-    """A bf16 [out, in] weight in the layout `moespec_bf16_pairs` reads: groups of 64 output
-    rows, each [in / 2][64][2] (pairs of consecutive inputs side by side), zero-padded to a
-    multiple of 64 rows and 2 columns."""
+    """A bf16 [out, in] weight (or int8 [out, in] values) in the pair layout the native loops
+    read: groups of 64 output rows, each [in / 2][64][2] (pairs of consecutive inputs side by
+    side), zero-padded to a multiple of 64 rows and 2 columns."""
     out, inp = weight.shape
     pad = (0, inp % 2, 0, -out % PAIR_GROUP)
     padded = torch.nn.functional.pad(weight, pad) if any(pad) else weight
@@ -257,24 +305,12 @@ def _threads(threads: int | None) -> int:
     return n if native().openmp else 1
 
 
-def pack_groups(values: torch.Tensor) -> torch.Tensor:
-    """int8 [out, in] values in the layout `moespec_int8_groups_*` read: groups of 64 output
-    rows, each [in][64] (input j's weights of the group side by side), rows zero-padded."""
-    pad = -values.shape[0] % PAIR_GROUP
-    padded = torch.nn.functional.pad(values, (0, 0, 0, pad)) if pad else values
-    return padded.reshape(-1, PAIR_GROUP, values.shape[1]).transpose(1, 2).contiguous()
-
-
-def unpack_groups(groups: torch.Tensor, out: int) -> torch.Tensor:
-    """The [out, in] values `pack_groups` laid out (a copy)."""
-    return groups.transpose(1, 2).reshape(-1, groups.shape[1])[:out].contiguous()
-
-
-def groups_product(x: torch.Tensor, groups: torch.Tensor, scales: torch.Tensor, threads=None):
-    """(x @ values.T) * scales for bf16 x [..., in], values in the group layout, bf16 scales."""
+def int8_pairs_product(x: torch.Tensor, pairs: torch.Tensor, scales: torch.Tensor, threads=None):
+    """(x @ values.T) * scales for bf16 x [..., in], int8 values in the pair layout, bf16
+    scales; x is quantized per row to int16 first (native.c's `quantize_rows`)."""
     if x.dtype != torch.bfloat16 or scales.dtype != torch.bfloat16:
-        raise TypeError(f"group-layout int8 product wants bf16 input and scales, got {x.dtype}")
-    return _call(_function("groups"), groups, x, scales.shape[0], scales, threads)
+        raise TypeError(f"int8 pair-layout product wants bf16 input and scales, got {x.dtype}")
+    return _call(_function("int8"), pairs, x, scales.shape[0], scales, threads)
 
 
 @functools.cache
@@ -289,11 +325,11 @@ def batch_products(x: torch.Tensor, weights: list, xrow, count, orow, out_rows: 
     """A layer's products in one native call: product k multiplies rows xrow[k] ..
     xrow[k] + count[k] - 1 of x [rows, in] (bf16) by weights[k] into rows orow[k] .. of one
     [out_rows, out] result, each row with the bits `linear` gives it alone. weights: all
-    PairWeight or all int8 in the group layout, of one shape. None where they are not (or
-    the width is odd): the caller then takes its products one at a time."""
+    PairWeight or all int8 in the pair layout, of one shape. None where they are not (or a
+    bf16 width is odd): the caller then takes its products one at a time."""
     first = weights[0]
     pairs = isinstance(first, PairWeight)
-    if not pairs and getattr(first, "groups", None) is None:
+    if not pairs and getattr(first, "pairs", None) is None:
         return None
     if pairs and first.shape[1] % 2 or x.dtype != torch.bfloat16:
         return None
@@ -319,11 +355,11 @@ def batch_products(x: torch.Tensor, weights: list, xrow, count, orow, out_rows: 
     shape = (out_size, in_size, _threads(threads))
     if pairs:
         ptrs = (ctypes.c_uint64 * n)(*[w.packed.data_ptr() for w in weights])
-        rc = _function("pairs", batch=True)(n, ptrs, *at, *shape)
+        rc = _function("bf16", batch=True)(n, ptrs, *at, *shape)
     else:
-        ptrs = (ctypes.c_uint64 * n)(*[w.groups.data_ptr() for w in weights])
+        ptrs = (ctypes.c_uint64 * n)(*[w.pairs.data_ptr() for w in weights])
         scales = (ctypes.c_uint64 * n)(*[w.scales.data_ptr() for w in weights])
-        rc = _function("groups", batch=True)(n, ptrs, scales, *at, *shape)
+        rc = _function("int8", batch=True)(n, ptrs, scales, *at, *shape)
     if rc:
-        raise MemoryError("native batch of products: no memory for its widened input")
+        raise MemoryError("native batch of products: no memory for its widened or quantized input")
     return out

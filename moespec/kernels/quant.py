@@ -4,8 +4,10 @@ A [out, in] weight W is held as int8 values Q and scales s [out] in the activati
 Q = round(W / s) clipped to [-127, 127] and s = max_j |W_ij| / 127, so that W ~ s * Q. A product
 x @ W.T runs as (x @ Q.T) * s, reading one byte per weight plus the scales: 0.5 of the bf16
 bytes, plus 2 bytes per output channel. Where moespec's native loops run (`moespec.kernels.
-native`, bf16 activations), Q is held in groups of 64 output rows (`pack_groups`) and the
-product is theirs, batch-invariant by construction; elsewhere `torch._weight_int8pack_mm`.
+native`, bf16 activations), Q is held in their pair layout (`pack_pairs`) and the product is
+theirs: each input row quantized to int16 (an error of at most 2^-16 of its largest magnitude
+per input), exact int32 products, batch-invariant by construction. Elsewhere
+`torch._weight_int8pack_mm`, with the activations as they are.
 
 One scale per output channel rather than per 32-weight block (Q8_0): PyTorch has a fused kernel
 for the first on every x86 CPU and none for the second; measured on one [2048, 2048] product
@@ -15,7 +17,7 @@ for the first on every x86 CPU and none for the second; measured on one [2048, 2
 import torch
 
 from moespec.kernels.cpu import cpu_paths
-from moespec.kernels.native import groups_product, pack_groups, unpack_groups
+from moespec.kernels.native import int8_pairs_product, pack_pairs, unpack_pairs
 
 INT8_MAX = 127
 # torch 2.13's AVX-512 `_weight_int8pack_mm` returns wrong values, or crashes, on bf16 and fp16
@@ -27,9 +29,9 @@ FUSED_MULTIPLE = 16
 class Int8Weight:
     """A [out, in] weight as int8 values and per-output-channel scales."""
 
-    __slots__ = ("values", "groups", "scales", "shape", "dtype", "nbytes")
+    __slots__ = ("values", "pairs", "scales", "shape", "dtype", "nbytes")
 
-    def __init__(self, values: torch.Tensor, scales: torch.Tensor, grouped: bool = False):
+    def __init__(self, values: torch.Tensor, scales: torch.Tensor, paired: bool = False):
         if values.dtype != torch.int8 or values.dim() != 2 or scales.shape != values.shape[:1]:
             raise ValueError(
                 f"int8 weight wants int8 values [out, in] and scales [out], got "
@@ -38,16 +40,16 @@ class Int8Weight:
         self.scales = scales.contiguous()
         self.shape, self.dtype = tuple(values.shape), scales.dtype
         self.nbytes = values.nbytes + self.scales.nbytes  # what a product reads
-        # held once: as [out, in] values, or in the native group layout (values then None)
-        self.values, self.groups = values.contiguous(), None
-        if grouped:
-            self.values, self.groups = None, pack_groups(values)
+        # held once: as [out, in] values, or in the native pair layout (values then None)
+        self.values, self.pairs = values.contiguous(), None
+        if paired:
+            self.values, self.pairs = None, pack_pairs(values)
 
     def rows(self) -> torch.Tensor:
-        """Q as [out, in] int8 values (a copy when held in the group layout)."""
-        if self.groups is None:
+        """Q as [out, in] int8 values (a copy when held in the pair layout)."""
+        if self.pairs is None:
             return self.values
-        return unpack_groups(self.groups, self.shape[0])
+        return unpack_pairs(self.pairs, self.shape)
 
     def dense(self) -> torch.Tensor:
         """s * Q in the scales' dtype: the weight this int8 weight stands for (a copy)."""
@@ -62,24 +64,24 @@ def quantize_int8(weight: torch.Tensor) -> Int8Weight:
     scales = (w.abs().amax(dim=1) / INT8_MAX).to(weight.dtype)
     safe = scales.float().clamp_min(torch.finfo(torch.float32).tiny)  # an all-zero row stays 0
     values = torch.round(w / safe[:, None]).clamp(-INT8_MAX, INT8_MAX).to(torch.int8)
-    return Int8Weight(values, scales, grouped=groups_path(weight))
+    return Int8Weight(values, scales, paired=pairs_path(weight))
 
 
-def groups_path(weight: torch.Tensor) -> bool:
-    """Whether an int8 weight of this float weight takes the native group layout: bf16 on a
+def pairs_path(weight: torch.Tensor) -> bool:
+    """Whether an int8 weight of this float weight takes the native pair layout: bf16 on a
     CPU where the native int8 loops run."""
     return (
         weight.dtype == torch.bfloat16
         and weight.device.type == "cpu"
-        and (cpu_paths().int8 == "native-groups")
+        and (cpu_paths().int8 == "native-int8-pairs")
     )
 
 
 def int8_product(x: torch.Tensor, weight: Int8Weight, threads: int | None = None) -> torch.Tensor:
     """x @ (s * Q).T as (x @ Q.T) * s, for x [..., in] in the scales' dtype (threads: for the
     native loops; PyTorch's kernel follows the library's setting)."""
-    if weight.groups is not None:
-        return groups_product(x, weight.groups, weight.scales, threads)
+    if weight.pairs is not None:
+        return int8_pairs_product(x, weight.pairs, weight.scales, threads)
     rows = x.reshape(-1, x.shape[-1]).contiguous()
     if weight.shape[1] % FUSED_MULTIPLE:
         return int8_reference(x, weight)
