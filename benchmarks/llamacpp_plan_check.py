@@ -5,16 +5,24 @@
 
 For each GGUF of the checkpoint (written by moespec's exporter), at --threads threads:
 
-1. the plan (moespec.calibrate.llamacpp_plan): llama.cpp's τ(n) on a cache of --depth tokens,
-   the fit with U(n) from moespec's trace of the same checkpoint, V̂(k) = τ̂(k + 1) (the oracle
-   drafts for free, h = 0), k̂*(a) on the 11 acceptances;
+1. the plan (moespec.calibrate.llamacpp_plan): llama.cpp's τ(n) on a cache of --depth tokens
+   (by default the sweep's mean depth), the fit with U(n) from moespec's trace of the same
+   checkpoint, V̂(k) = τ̂(k + 1) (the oracle drafts for free, h = 0), k̂*(a) on the 11
+   acceptances;
 2. the sweep: llama.cpp verifying oracle drafts, k = 0..8 at each acceptance a. A step drafts
-   the next k tokens of the target's own greedy continuation (computed once by llama.cpp), runs
-   one pass of k + 1 tokens with every row's logits and their argmax, keeps the accepted
-   drafts and removes the rest from the KV cache. Which drafts are accepted is the oracle's
-   (seed 000 [1]): each drafted position is the target's token with probability a, else a
-   wrong one, so the accepted count is geometric; the first wrong position and those after it
-   carry another token, so the pass routes as a rejected draft would. Tokens/s = emitted
+   the next k tokens of a reference stream, runs one pass of k + 1 tokens with every row's
+   logits and their argmax, keeps the accepted drafts and removes the rest from the KV cache.
+   The reference stream is held-out text: the plan's test documents, after the tokens its
+   passes read (--prompt-tokens of it as the prompt). Not the target's greedy continuation:
+   a random-weight target's greedy continuation of the prompt repeats one token (7 distinct
+   tokens in 60 on the OLMoE-shaped checkpoint), so every row of a pass routes to the same
+   experts and the sweep's passes of 9 tokens read fewer bytes than the plan's passes on text.
+   The oracle decides acceptance, so the stream need not be what the target would emit; it is
+   refused when degenerate (fewer than a fifth of its tokens distinct). Which drafts are
+   accepted is the oracle's (seed 000 [1]): each drafted position is the stream's token with
+   probability a, else a wrong one, so the accepted count is geometric; the first wrong
+   position and those after it carry another token, so the pass routes as a rejected draft
+   would. Tokens/s = emitted
    tokens / time after the prefill; cells (a, k) run in --rounds interleaved rounds (the order
    reversed on odd rounds), the median per cell;
 3. seed 000's rules (moespec.calibrate.score): k̂* within one of the measured best at >= 9 of
@@ -36,18 +44,18 @@ import numpy as np
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
-from decode_vs_llamacpp import PROMPT, cpu_flags, gguf_files  # noqa: E402
+from decode_vs_llamacpp import cpu_flags, gguf_files  # noqa: E402
 
 from moespec.bench.checkpoints import SHAPES, random_checkpoint  # noqa: E402
 from moespec.calibrate import llamacpp  # noqa: E402
 from moespec.calibrate.llamacpp_plan import ACCEPTANCE_GRID, llamacpp_plan  # noqa: E402
+from moespec.calibrate.plan import verify_documents  # noqa: E402
 from moespec.calibrate.score import (  # noqa: E402
     noise_floor,
     rule_best_draft_length,
     rule_verify_time,
 )
 from moespec.files import check_writable, write_json  # noqa: E402
-from moespec.models import Tokenizer  # noqa: E402
 from moespec.provenance import machine  # noqa: E402
 
 
@@ -97,6 +105,25 @@ def sweep(engine, prompt, reference, args, rng):
     return {"by_acceptance": by_acceptance, "verify_median": verify}
 
 
+def reference_stream(engine, args) -> tuple[list[int], list[int]]:
+    """(prompt, reference): held-out text after the tokens the plan's passes read (the plan
+    tokenizes the same documents with the same GGUF tokenizer); refused when degenerate."""
+    text = "".join(d.text for d in verify_documents())
+    stream = engine.llm.tokenize(text.encode(), add_bos=False, special=False)
+    start = args.depth + args.max_n
+    prompt = stream[start : start + args.prompt_tokens]
+    end = start + args.prompt_tokens + args.tokens + args.max_n + 1
+    reference = stream[start + args.prompt_tokens : end]
+    if len(reference) < end - start - args.prompt_tokens:
+        raise SystemExit(f"the held-out text has {len(stream)} tokens; the sweep needs {end}")
+    if len(set(reference)) * 5 < len(reference):
+        raise SystemExit(
+            f"the sweep's reference stream is degenerate: {len(set(reference))} distinct "
+            f"tokens in {len(reference)}"
+        )
+    return prompt, reference
+
+
 def check_one(path: Path, directory: Path, args) -> dict:
     print(f"{path.name}: plan", flush=True)
     plan = llamacpp_plan(
@@ -111,8 +138,7 @@ def check_one(path: Path, directory: Path, args) -> dict:
         force=True,
     )
     engine = llamacpp.LlamaCpp(path, threads=args.threads)
-    prompt = Tokenizer(directory / "tokenizer.json").encode(PROMPT)
-    reference = engine.greedy(prompt, args.tokens + args.max_n + 1)
+    prompt, reference = reference_stream(engine, args)
     print(f"{path.name}: sweep", flush=True)
     measured = sweep(engine, prompt, reference, args, np.random.default_rng(args.seed))
     k_rule, loss_rule = rule_best_draft_length(plan["step_times"], measured["by_acceptance"])
@@ -152,7 +178,13 @@ def main(argv=None) -> int:
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--tokens", type=int, default=32)
     parser.add_argument("--rounds", type=int, default=2)
-    parser.add_argument("--depth", type=int, default=32, help="cache depth of the plan's passes")
+    parser.add_argument(
+        "--depth",
+        type=int,
+        help="cache depth of the plan's passes (default: the sweep's mean depth, "
+        "--prompt-tokens + --tokens / 2, so that both time passes over the same cache)",
+    )
+    parser.add_argument("--prompt-tokens", type=int, default=16, help="the sweep's prompt")
     parser.add_argument("--max-n", type=int, default=9)
     parser.add_argument("--verify-repeats", type=int, default=10)
     parser.add_argument("--seed", type=int, default=0)
@@ -163,6 +195,8 @@ def main(argv=None) -> int:
     parser.add_argument("--force", action="store_true")
     args = parser.parse_args(argv)
     check_writable(args.out, force=args.force)
+    if args.depth is None:
+        args.depth = args.prompt_tokens + args.tokens // 2
     args.work.mkdir(parents=True, exist_ok=True)
     args.cache_dir.mkdir(parents=True, exist_ok=True)
     directory = args.model or random_checkpoint(args.shape, args.cache_dir)

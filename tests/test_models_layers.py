@@ -41,7 +41,7 @@ def test_grouped_query_rows_equal_the_library_grouped_path_in_bf16(tokens, cache
 
 
 @pytest.mark.skipif(attention_function() is None, reason="no native attention on this CPU/build")
-@pytest.mark.parametrize("heads, kv_heads", [(4, 4), (4, 2), (8, 2), (16, 2)])
+@pytest.mark.parametrize("heads, kv_heads", [(4, 4), (4, 2), (6, 2), (8, 2), (16, 2)])
 @pytest.mark.parametrize("cached", [0, 7, 300])
 def test_one_row_bf16_attention_is_native_up_to_4_heads_per_key_head(heads, kv_heads, cached):
     """One-row bf16 attention over a cache view: within one rounding of the float64 value on
@@ -87,3 +87,27 @@ def test_rms_norm_equals_the_hugging_face_formula(dtype):
     h = x.float()
     expected = weight * (h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + 1e-6)).to(dtype)
     assert torch.equal(rms_norm(x, weight, 1e-6), expected)
+
+
+@pytest.mark.skipif(attention_function() is None, reason="no native attention on this CPU/build")
+@pytest.mark.parametrize("heads, kv_heads", [(8, 1), (6, 1), (12, 2)])
+def test_native_attention_gives_each_head_the_bits_it_gets_alone(heads, kv_heads):
+    """Query heads are swept up to 4 at a time per key head: a head's bits are the same in
+    any sweep, and within one rounding of the float64 attention."""
+    from moespec.kernels.native import attend_one
+
+    generator = torch.Generator().manual_seed(heads)
+    dim, length = 40, 70
+    keys, values = torch.randn(2, 1, kv_heads, length, dim, generator=generator).bfloat16()
+    q = torch.randn(1, 1, heads, dim, generator=generator).bfloat16()
+    together = attend_one(q, keys, values, 0.125).view(heads, dim)
+    group = heads // kv_heads
+    for h in range(heads):
+        c = h // group
+        alone = attend_one(q[:, :, h : h + 1], keys[:, c : c + 1], values[:, c : c + 1], 0.125)
+        assert torch.equal(together[h], alone.view(dim)), h
+    rows = q.double().view(kv_heads, group, dim)
+    probs = torch.softmax(rows @ keys.double()[0].transpose(-1, -2) * 0.125, dim=-1)
+    want = (probs @ values.double()[0]).reshape(heads, dim)
+    bound = want.abs() * 2.0**-8 + values.double().abs().max() * 2.0**-16
+    assert (together.double() - want).abs().le(bound).all()

@@ -249,7 +249,7 @@ RESULTS = [
         ("llamacpp_plan_check.json",),
         (
             "python benchmarks/llamacpp_plan_check.py --shape olmoe --types bf16,q8_0 "
-            "--threads 1 --tokens 128 --rounds 2 --depth 32 --verify-repeats 3 "
+            "--threads 1 --tokens 128 --rounds 2 --verify-repeats 10 "
             f"--trace-documents 2 --out {RESULTS_DIR}/llamacpp_plan_check.json --force",
         ),
         37,
@@ -280,6 +280,12 @@ RESULTS = [
             "python benchmarks/cpu_paths.py --rows 9 --rounds 5 "
             f"--out {RESULTS_DIR}/cpu_paths_avx512_rows9.json --force",
         ),
+        3,
+    ),
+    Result(
+        "attention-row",
+        ("attention_row.json",),
+        (f"python benchmarks/attention_row.py --out {RESULTS_DIR}/attention_row.json --force",),
         3,
     ),
     Result(

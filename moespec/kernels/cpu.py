@@ -27,7 +27,7 @@ from dataclasses import dataclass
 import torch
 
 from moespec.kernels.isa import FLAGS, cpu_family, cpu_flags, this_cpu
-from moespec.kernels.native import INT8, PAIRS, layout_function, native
+from moespec.kernels.native import INT8, PAIRS, attention_function, layout_function, native
 
 __all__ = ["FLAGS", "CpuPaths", "cpu_family", "cpu_flags", "cpu_paths", "weight_paths"]
 
@@ -55,6 +55,7 @@ class CpuPaths:
     bf16: str
     fp32: str
     int8: str
+    native_attention: str | None = None  # the native one-row bf16 attention, if it runs
 
     @property
     def family(self) -> str:
@@ -98,7 +99,11 @@ class CpuPaths:
             "flags": list(self.flags),
             "onednn_max_isa": self.onednn_max_isa,
             "native": self.native or "available",
-            "native_functions": {"bf16": self.native_bf16, "int8": self.native_int8},
+            "native_functions": {
+                "bf16": self.native_bf16,
+                "int8": self.native_int8,
+                "attention": self.native_attention,
+            },
             "paths": {"bf16": self.bf16, "fp32": self.fp32, "int8": self.int8},
             "fallbacks": {n: self.fallback(n) for n in ("bf16", "fp32") if self.fallback(n)},
         }
@@ -174,4 +179,5 @@ def cpu_paths() -> CpuPaths:
         bf16="native-pairs" if pairs else "onednn-packed" if bf16 else "aten-linear",
         fp32="onednn-packed" if fp32 else "aten-linear",
         int8="native-int8-pairs" if int8 else "aten-int8pack-mm",
+        native_attention=attention_function() and attention_function().__name__,
     )

@@ -4,9 +4,10 @@
  * scale per output row) in the pair layout (moespec_*_pairs*: the engine's paths), or bf16 /
  * int8 [O, I] row by row (candidates). bf16 accumulates in fp32; int8 quantizes each input row
  * to int16 and accumulates in int32 blocks, then fp32. Each output element is one dot product
- * in one fixed order whatever R is, and no accumulation crosses rows, so a pass of n rows gives every row
- * the bits of a one-row pass (batch-invariant by construction). Output rows are split over the
- * threads in contiguous blocks (OpenMP, static), so each thread streams its part of W once.
+ * in one fixed order whatever R is, and no accumulation crosses rows, so a pass of n rows
+ * gives every row the bits of a one-row pass (batch-invariant by construction). Output rows
+ * are split over the threads in contiguous blocks (OpenMP, static), so each thread streams its
+ * part of W once. The one-row attention of a decode step is here too (the end of the file).
  *
  * Each ISA's functions carry their own target attribute: one build runs on any x86-64 CPU
  * and the caller chooses the functions the CPU has (moespec/kernels/native.py).
@@ -663,75 +664,121 @@ V2_TARGET int moespec_int8_pairs_avx2(const int8_t *P, const uint16_t *scales, c
  * for H query heads, G of them per key head. q bf16 [H, D]; K, V bf16, position l of key head
  * c at k + c * k_head + l * k_row (D contiguous values), likewise V (Dv values); out bf16
  * [H, Dv]. Scores, softmax and the weighted sum of V in fp32, in position order; each output
- * rounded once. Heads are split over the threads where the work is large enough. Returns 1
- * without memory. */
+ * rounded once. The query heads of a key head are taken up to ATT_HEADS at a time, so each
+ * key and value vector is widened once for all of them. A head's arithmetic is the same
+ * whichever heads share its sweep, so its bits do not depend on H, G or the threads. Work
+ * items (a key head's sweeps) are split over the threads where the work is large enough.
+ * Returns 1 without memory. */
+#define ATT_HEADS 4
 #define ATTEND(NAME, TARGET, VEC, LANES, ZERO, LOADW, LOADF, FMA, HSUM, SET1, STOREU)         \
-    TARGET static int NAME##_head(const uint16_t *q, const uint16_t *k, const uint16_t *v,    \
-                                  uint16_t *out, int64_t L, int64_t D, int64_t Dv,            \
-                                  int64_t k_row, int64_t v_row, float scale) {                \
+    TARGET INLINE void NAME##_sweep(const uint16_t *q, const uint16_t *k, const uint16_t *v,  \
+                                    uint16_t *out, int64_t L, int64_t D, int64_t Dv,          \
+                                    int64_t k_row, int64_t v_row, float scale, float *qf,     \
+                                    float *s, const int NG) {                                \
         int64_t DP = (D + LANES - 1) / LANES * LANES;                                        \
-        float *qf = (float *)malloc((size_t)(L + DP) * 4), *s = qf + DP;                     \
-        if (!qf) return 1;                                                                   \
-        for (int64_t d = 0; d < DP; d++) qf[d] = d < D ? from_bf16(q[d]) : 0.0f;            \
-        float m = -INFINITY;                                                                 \
+        for (int g = 0; g < NG; g++)                                                         \
+            for (int64_t d = 0; d < DP; d++)                                                 \
+                qf[g * DP + d] = d < D ? from_bf16(q[g * D + d]) : 0.0f;                     \
+        float m[ATT_HEADS], total[ATT_HEADS];                                                \
+        for (int g = 0; g < NG; g++) m[g] = -INFINITY, total[g] = 0.0f;                      \
         for (int64_t l = 0; l < L; l++) {                                                    \
             const uint16_t *kr = k + l * k_row;                                              \
-            VEC acc = ZERO;                                                                  \
+            VEC acc[ATT_HEADS];                                                              \
+            for (int g = 0; g < NG; g++) acc[g] = ZERO;                                      \
             int64_t d = 0;                                                                   \
-            for (; d + LANES <= D; d += LANES) acc = FMA(LOADW(kr + d), LOADF(qf + d), acc);  \
-            float tail = 0.0f;                                                               \
-            for (; d < D; d++) tail += from_bf16(kr[d]) * qf[d];                             \
-            s[l] = (HSUM(acc) + tail) * scale;                                               \
-            m = s[l] > m ? s[l] : m;                                                         \
+            for (; d + LANES <= D; d += LANES) {                                             \
+                VEC kv = LOADW(kr + d);                                                      \
+                for (int g = 0; g < NG; g++) acc[g] = FMA(kv, LOADF(qf + g * DP + d), acc[g]); \
+            }                                                                                \
+            for (int g = 0; g < NG; g++) {                                                   \
+                float tail = 0.0f;                                                           \
+                for (int64_t j = d; j < D; j++) tail += from_bf16(kr[j]) * qf[g * DP + j];   \
+                float z = (HSUM(acc[g]) + tail) * scale;                                     \
+                s[g * L + l] = z;                                                            \
+                m[g] = z > m[g] ? z : m[g];                                                  \
+            }                                                                                \
         }                                                                                    \
-        float total = 0.0f;                                                                  \
-        for (int64_t l = 0; l < L; l++) {                                                    \
-            s[l] = expf(s[l] - m);                                                           \
-            total += s[l];                                                                   \
-        }                                                                                    \
-        float inv = 1.0f / total;                                                            \
+        for (int g = 0; g < NG; g++)                                                         \
+            for (int64_t l = 0; l < L; l++) {                                                \
+                s[g * L + l] = expf(s[g * L + l] - m[g]);                                    \
+                total[g] += s[g * L + l];                                                    \
+            }                                                                                \
         int64_t d0 = 0;                                                                      \
-        for (; d0 + 4 * LANES <= Dv; d0 += 4 * LANES) {                                      \
-            VEC a0 = ZERO, a1 = ZERO, a2 = ZERO, a3 = ZERO;                                  \
+        for (; d0 + 2 * LANES <= Dv; d0 += 2 * LANES) {                                      \
+            VEC a[ATT_HEADS][2];                                                             \
+            for (int g = 0; g < NG; g++) a[g][0] = a[g][1] = ZERO;                           \
             for (int64_t l = 0; l < L; l++) {                                                \
                 const uint16_t *vr = v + l * v_row + d0;                                     \
-                VEC p = SET1(s[l]);                                                          \
-                a0 = FMA(LOADW(vr), p, a0);                                                  \
-                a1 = FMA(LOADW(vr + LANES), p, a1);                                          \
-                a2 = FMA(LOADW(vr + 2 * LANES), p, a2);                                      \
-                a3 = FMA(LOADW(vr + 3 * LANES), p, a3);                                      \
+                VEC v0 = LOADW(vr), v1 = LOADW(vr + LANES);                                  \
+                for (int g = 0; g < NG; g++) {                                               \
+                    VEC p = SET1(s[g * L + l]);                                              \
+                    a[g][0] = FMA(v0, p, a[g][0]);                                           \
+                    a[g][1] = FMA(v1, p, a[g][1]);                                           \
+                }                                                                            \
             }                                                                                \
-            float lanes[4 * LANES];                                                          \
-            STOREU(lanes, a0);                                                               \
-            STOREU(lanes + LANES, a1);                                                       \
-            STOREU(lanes + 2 * LANES, a2);                                                   \
-            STOREU(lanes + 3 * LANES, a3);                                                   \
-            for (int d = 0; d < 4 * LANES; d++) out[d0 + d] = to_bf16(lanes[d] * inv);       \
+            for (int g = 0; g < NG; g++) {                                                   \
+                float lanes[2 * LANES], inv = 1.0f / total[g];                               \
+                STOREU(lanes, a[g][0]);                                                      \
+                STOREU(lanes + LANES, a[g][1]);                                              \
+                for (int j = 0; j < 2 * LANES; j++)                                          \
+                    out[g * Dv + d0 + j] = to_bf16(lanes[j] * inv);                          \
+            }                                                                                \
         }                                                                                    \
-        for (; d0 < Dv; d0++) { /* a ragged end of Dv: in scalar, in the same order */       \
-            float acc = 0.0f;                                                                \
-            for (int64_t l = 0; l < L; l++) acc = fmaf(from_bf16(v[l * v_row + d0]), s[l], acc); \
-            out[d0] = to_bf16(acc * inv);                                                    \
-        }                                                                                    \
-        free(qf);                                                                            \
-        return 0;                                                                            \
+        for (; d0 < Dv; d0++) /* a ragged end of Dv: in scalar, in the same order */         \
+            for (int g = 0; g < NG; g++) {                                                   \
+                float acc = 0.0f;                                                            \
+                for (int64_t l = 0; l < L; l++)                                              \
+                    acc = fmaf(from_bf16(v[l * v_row + d0]), s[g * L + l], acc);              \
+                out[g * Dv + d0] = to_bf16(acc * (1.0f / total[g]));                         \
+            }                                                                                \
+    }                                                                                        \
+    TARGET __attribute__((noinline)) static void NAME##_1(ATT_ARGS) {                        \
+        NAME##_sweep(ATT_PASS, 1);                                                            \
+    }                                                                                        \
+    TARGET __attribute__((noinline)) static void NAME##_2(ATT_ARGS) {                        \
+        NAME##_sweep(ATT_PASS, 2);                                                            \
+    }                                                                                        \
+    TARGET __attribute__((noinline)) static void NAME##_3(ATT_ARGS) {                        \
+        NAME##_sweep(ATT_PASS, 3);                                                            \
+    }                                                                                        \
+    TARGET __attribute__((noinline)) static void NAME##_4(ATT_ARGS) {                        \
+        NAME##_sweep(ATT_PASS, 4);                                                            \
     }                                                                                        \
     TARGET int NAME(const uint16_t *q, const uint16_t *k, const uint16_t *v, uint16_t *out,   \
                     int64_t H, int64_t G, int64_t L, int64_t D, int64_t Dv, int64_t k_head,   \
                     int64_t k_row, int64_t v_head, int64_t v_row, float scale, int threads) { \
+        static void (*const sweeps[ATT_HEADS])(ATT_ARGS) = {NAME##_1, NAME##_2, NAME##_3,     \
+                                                            NAME##_4};                        \
+        int64_t per = (G + ATT_HEADS - 1) / ATT_HEADS, items = H / G * per;                  \
+        int64_t DP = (D + LANES - 1) / LANES * LANES;                                        \
         int fail = 0;                                                                        \
-        int use = H > 1 && H * L * (D + Dv) >= (1 << 16) ? threads : 1;                      \
+        int use = items > 1 && H * L * (D + Dv) >= (1 << 16) ? threads : 1;                  \
         _Pragma("omp parallel for schedule(static) num_threads(use) reduction(| : fail)")    \
-        for (int64_t h = 0; h < H; h++)                                                      \
-            fail |= NAME##_head(q + h * D, k + (h / G) * k_head, v + (h / G) * v_head,        \
-                                out + h * Dv, L, D, Dv, k_row, v_row, scale);                \
+        for (int64_t item = 0; item < items; item++) {                                       \
+            int64_t c = item / per, h = c * G + item % per * ATT_HEADS;                      \
+            int ng = (int)(c * G + G - h < ATT_HEADS ? c * G + G - h : ATT_HEADS);           \
+            float *buf = (float *)malloc((size_t)(ng * (DP + L)) * 4);                       \
+            if (!buf) {                                                                      \
+                fail = 1;                                                                    \
+                continue;                                                                    \
+            }                                                                                \
+            sweeps[ng - 1](q + h * D, k + c * k_head, v + c * v_head, out + h * Dv, L, D, Dv, \
+                           k_row, v_row, scale, buf, buf + ng * DP);                         \
+            free(buf);                                                                       \
+        }                                                                                    \
         return fail;                                                                         \
     }
 
+#define ATT_ARGS                                                                             \
+    const uint16_t *q, const uint16_t *k, const uint16_t *v, uint16_t *out, int64_t L,       \
+        int64_t D, int64_t Dv, int64_t k_row, int64_t v_row, float scale, float *qf, float *s
+#define ATT_PASS q, k, v, out, L, D, Dv, k_row, v_row, scale, qf, s
 #ifndef MOESPEC_NO_AVX512
-#define W16(p) _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256((const void *)(p))), 16))
-ATTEND(moespec_attend_bf16_avx512, F5_TARGET, __m512, 16, _mm512_setzero_ps(), W16, _mm512_loadu_ps,
-       _mm512_fmadd_ps, _mm512_reduce_add_ps, _mm512_set1_ps, _mm512_storeu_ps)
+#define W16(p)                                                                               \
+    _mm512_castsi512_ps(                                                                     \
+        _mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256((const void *)(p))), 16))
+ATTEND(moespec_attend_bf16_avx512, F5_TARGET, __m512, 16, _mm512_setzero_ps(), W16,
+       _mm512_loadu_ps, _mm512_fmadd_ps, _mm512_reduce_add_ps, _mm512_set1_ps, _mm512_storeu_ps)
 #endif
 ATTEND(moespec_attend_bf16_avx2, V2_TARGET, __m256, 8, _mm256_setzero_ps(), widen_bf16x8,
        _mm256_loadu_ps, _mm256_fmadd_ps, hsum8, _mm256_set1_ps, _mm256_storeu_ps)

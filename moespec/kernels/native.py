@@ -17,8 +17,12 @@ load (`pack_pairs`), in groups of 64 output rows so a group streams from memory 
   int16, and `vpmaddwd` (`vpdpwssd` with AVX-512-VNNI; AVX2's `vpmaddwd` on 8 outputs)
   multiplies a pair of weights by a pair of inputs and adds them, exactly, in int32. Blocks
   of 128 pairs are summed in int32 (they cannot overflow), the blocks in fp32 in order, and
-  each output is times its row's scale and the input's. Half the instructions per weight of
-  widening int8 to fp32 for FMA: 1.8-2x its speed (`benchmarks/cpu_paths.py`).
+  each output is times its row's scale and the input's. That is half the instructions per
+  weight of widening int8 to fp32 for FMA (the loops this layout replaced): a 2-layer
+  OLMoE-shaped decode went from 1.52x to 1.80x the bf16 one at one thread
+  (`benchmarks/int8_decode.py`); one product streamed from memory takes 196-198 us against
+  237 for the fp32-widening row-by-row candidate, 633-730 against 1,849 at 9 rows
+  (`benchmarks/cpu_paths.py`).
 
 Whatever the number of rows and however the rows are tiled, each output is computed in one
 fixed order from its own row alone, so a pass of n rows gives every row its one-row bits:
