@@ -15,16 +15,15 @@ For each GGUF of the checkpoint (written by moespec's exporter), at --threads th
    The reference stream is held-out text: the plan's test documents, after the tokens its
    passes read (--prompt-tokens of it as the prompt). Not the target's greedy continuation:
    a random-weight target's greedy continuation of the prompt repeats one token (7 distinct
-   tokens in 60 on the OLMoE-shaped checkpoint), so every row of a pass routes to the same
-   experts and the sweep's passes of 9 tokens read fewer bytes than the plan's passes on text.
-   The oracle decides acceptance, so the stream need not be what the target would emit; it is
-   refused when degenerate (fewer than a fifth of its tokens distinct). Which drafts are
-   accepted is the oracle's (seed 000 [1]): each drafted position is the stream's token with
-   probability a, else a wrong one, so the accepted count is geometric; the first wrong
-   position and those after it carry another token, so the pass routes as a rejected draft
-   would. Tokens/s = emitted
-   tokens / time after the prefill; cells (a, k) run in --rounds interleaved rounds (the order
-   reversed on odd rounds), the median per cell;
+   tokens in 60 on the OLMoE-shaped checkpoint), so the sweep's passes held one token repeated
+   while the plan timed passes of text: two workloads. The oracle decides acceptance, so the
+   stream need not be what the target would emit; it is refused when degenerate (fewer than
+   a fifth of its tokens distinct). Which drafts are accepted is the oracle's (seed 000 [1]):
+   each drafted position is the stream's token with probability a, else a wrong one, so the
+   accepted count is geometric; the first wrong position and those after it carry another
+   token, so the pass routes as a rejected draft would. Tokens/s = emitted tokens / time
+   after the prefill; cells (a, k) run in --rounds interleaved rounds (the order reversed on
+   odd rounds), the median per cell;
 3. seed 000's rules (moespec.calibrate.score): k̂* within one of the measured best at >= 9 of
    11 acceptances, throughput lost by following the plan <= 6%, and verify time within 15%
    at n >= 2 against the sweep's own passes (a measurement the plan never saw); beside them the
