@@ -151,6 +151,11 @@ def test_int8_products_are_the_int16_input_math_within_one_rounding(shape):
     bound = want.abs() * 2.0**-8 + mag * (blocks + 3) * 2.0**-24 + 1e-30
     assert (got - want).abs().le(bound).all()
     assert got[5].eq(0).all()
+    x[7, -1] = float("nan")
+    x[8, 0] = float("inf")
+    broken = int8_pairs_product(x, q.pairs, q.scales)
+    assert broken[7:9].isnan().all()  # a NaN or an infinite input shows in its row's outputs
+    assert torch.equal(broken[:7], int8_pairs_product(x[:7], q.pairs, q.scales))
 
 
 @needs_int8

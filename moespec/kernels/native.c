@@ -13,6 +13,7 @@
  * and the caller chooses the functions the CPU has (moespec/kernels/native.py).
  */
 #include <immintrin.h>
+#include <float.h>
 #include <math.h>
 #include <stdint.h>
 #include <stdlib.h>
@@ -118,15 +119,22 @@ static float *widen_rows(const uint16_t *x, int64_t R, int64_t I, int64_t xs) {
 #define Q_BLOCK 128 /* pairs per int32 block: 128 * 2 * 32767 * 127 < 2^31 */
 
 /* x bf16 [R, I] -> int16 [R, xs] (zero-padded past I) and a scale per row: q = round(x / s),
- * s = max|x| / 32767 (0 for an all-zero row). NULL without memory. */
+ * s = max|x| / 32767 (0 for an all-zero row; NaN for a row holding a NaN or an infinity, so
+ * that its outputs are NaN and the fault shows). NULL without memory. */
 static int16_t *quantize_rows(const uint16_t *x, int64_t R, int64_t I, int64_t xs, float *scale) {
     int16_t *q = (int16_t *)calloc((size_t)(R * xs), 2);
     if (!q) return NULL;
     for (int64_t r = 0; r < R; r++) {
         float m = 0.0f;
+        int finite = 1;
         for (int64_t j = 0; j < I; j++) {
             float a = fabsf(from_bf16(x[r * I + j]));
+            finite &= a <= FLT_MAX; /* false for NaN and infinity */
             m = a > m ? a : m;
+        }
+        if (!finite) {
+            scale[r] = NAN; /* the row's q stay 0 */
+            continue;
         }
         scale[r] = m / Q_MAX;
         float inv = m > 0.0f ? Q_MAX / m : 0.0f;
