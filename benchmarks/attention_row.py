@@ -55,6 +55,17 @@ def reference(q, keys, values):
     return (torch.softmax(scores, -1) @ values.double()[0]).reshape(-1)
 
 
+def positive_ints(text: str) -> list[int]:
+    """A comma-separated list of positive integers (argparse type)."""
+    try:
+        values = [int(v) for v in text.split(",")]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a list of integers: {text!r}") from None
+    if min(values) < 1:
+        raise argparse.ArgumentTypeError(f"must be positive: {text!r}")
+    return values
+
+
 def time_calls(call, calls: int) -> float:
     start = time.perf_counter()
     for _ in range(calls):
@@ -64,18 +75,20 @@ def time_calls(call, calls: int) -> float:
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--positions", default="32,128,512,2048")
-    parser.add_argument("--threads", default="1,2")
+    parser.add_argument("--positions", type=positive_ints, default=[32, 128, 512, 2048])
+    parser.add_argument("--threads", type=positive_ints, default=[1, 2])
     parser.add_argument("--rounds", type=int, default=7)
     parser.add_argument("--calls", type=int, default=30, help="calls timed per round and arm")
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--force", action="store_true")
     args = parser.parse_args(argv)
-    check_writable(args.out, force=args.force)
+    try:
+        check_writable(args.out, force=args.force)
+    except (OSError, ValueError) as e:
+        parser.error(str(e))
     if attention_function() is None:
         parser.error(f"no native attention here: {cpu_paths().native or 'no AVX2 with FMA'}")
-    positions = [int(p) for p in args.positions.split(",")]
-    threads = [int(t) for t in args.threads.split(",")]
+    positions, threads = args.positions, args.threads
     generator = torch.Generator().manual_seed(0)
     results = []
     for name, heads, kv, dim in LAYOUTS:

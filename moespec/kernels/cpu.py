@@ -179,5 +179,5 @@ def cpu_paths() -> CpuPaths:
         bf16="native-pairs" if pairs else "onednn-packed" if bf16 else "aten-linear",
         fp32="onednn-packed" if fp32 else "aten-linear",
         int8="native-int8-pairs" if int8 else "aten-int8pack-mm",
-        native_attention=attention_function() and attention_function().__name__,
+        native_attention=getattr(attention_function(), "__name__", None),
     )

@@ -146,6 +146,15 @@ static int16_t *quantize_rows(const uint16_t *x, int64_t R, int64_t I, int64_t x
     return q;
 }
 
+/* The int8 batches' inputs: X quantized (`quantize_rows`) into rows of xs = I rounded up to
+ * even, their scales in *scale. NULL (nothing left allocated) without memory. */
+static int16_t *quantized_input(const uint16_t *X, int64_t x_rows, int64_t I, float **scale) {
+    *scale = (float *)malloc((size_t)x_rows * 4 + 4);
+    int16_t *xq = *scale ? quantize_rows(X, x_rows, I, (I + 1) / 2 * 2, *scale) : NULL;
+    if (!xq) free(*scale);
+    return xq;
+}
+
 #ifndef MOESPEC_NO_AVX512
 /* ---------------------------------------------------------------- AVX-512 */
 #define DP_TARGET __attribute__((target("avx512f,avx512bw,avx512vl,avx512bf16")))
@@ -369,12 +378,9 @@ QSWEEPS(qpairs_vnni_sweep, VN_TARGET)
                     const int64_t *count, uint16_t *out, const int64_t *orow, int64_t O,     \
                     int64_t I, int threads) {                                                \
         int64_t JP = (I + 1) / 2, xs = 2 * JP;                                               \
-        float *xsc = (float *)malloc((size_t)x_rows * 4 + 4);                                \
-        int16_t *xq = xsc ? quantize_rows(X, x_rows, I, xs, xsc) : NULL;                     \
-        if (!xq) {                                                                           \
-            free(xsc);                                                                       \
-            return 1;                                                                        \
-        }                                                                                    \
+        float *xsc;                                                                          \
+        int16_t *xq = quantized_input(X, x_rows, I, &xsc);                                   \
+        if (!xq) return 1;                                                                   \
         BATCH_LOOP(TABLE[nr - 1]((const int8_t *)weights[k] + g * JP * 2 * PAIR_GROUP, JP,   \
                                  xq + (xrow[k] + t) * xs, xs, xsc + xrow[k] + t,             \
                                  (const uint16_t *)scales[k], out + (orow[k] + t) * O, O,    \
@@ -637,12 +643,9 @@ V2_TARGET int moespec_int8_pairs_avx2_batch(int64_t n, const uint64_t *weights,
                                             const int64_t *orow, int64_t O, int64_t I,
                                             int threads) {
     int64_t JP = (I + 1) / 2, xs = 2 * JP;
-    float *xsc = (float *)malloc((size_t)x_rows * 4 + 4);
-    int16_t *xq = xsc ? quantize_rows(X, x_rows, I, xs, xsc) : NULL;
-    if (!xq) {
-        free(xsc);
-        return 1;
-    }
+    float *xsc;
+    int16_t *xq = quantized_input(X, x_rows, I, &xsc);
+    if (!xq) return 1;
 #define QP ((const int8_t *)weights[k] + g * JP * 2 * PAIR_GROUP)
 #define SC ((const uint16_t *)scales[k])
     V2_BATCH_LOOP(V2_ITEM(
@@ -761,6 +764,7 @@ V2_TARGET int moespec_int8_pairs_avx2(const int8_t *P, const uint16_t *scales, c
         int64_t DP = (D + LANES - 1) / LANES * LANES;                                        \
         int fail = 0;                                                                        \
         int use = items > 1 && H * L * (D + Dv) >= (1 << 16) ? threads : 1;                  \
+        (void)use; /* unused in a build without OpenMP */                                    \
         _Pragma("omp parallel for schedule(static) num_threads(use) reduction(| : fail)")    \
         for (int64_t item = 0; item < items; item++) {                                       \
             int64_t c = item / per, h = c * G + item % per * ATT_HEADS;                      \
