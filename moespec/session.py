@@ -101,6 +101,8 @@ class GenerateResult:
     batch_invariant: bool
     summary: dict  # `decoding.summarize` (+ offload, speedup and compare when measured)
     compile: dict = field(default_factory=dict)  # "target", "draft/NAME": compile_report
+    # "target", "draft/NAME": whether passes run natively (Transformer.native_report)
+    native: dict = field(default_factory=dict)
     records: list = field(default_factory=list)
 
     @property
@@ -120,6 +122,7 @@ class GenerateResult:
             "weights": self.weights,
             "batch_invariant": self.batch_invariant,
             "compile": self.compile,
+            "native_pass": self.native,
             **self.summary,
             "steps": [r.to_dict() for r in self.records],
         }
@@ -196,6 +199,13 @@ def generate_text(
             "target": compile_report(model),
             **{
                 f"draft/{name}": compile_report(draft_model)
+                for name, draft_model in getattr(make_speculation, "models", {}).items()
+            },
+        },
+        native={
+            "target": model.native_report(),
+            **{
+                f"draft/{name}": draft_model.native_report()
                 for name, draft_model in getattr(make_speculation, "models", {}).items()
             },
         },

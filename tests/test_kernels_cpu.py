@@ -122,6 +122,7 @@ def test_on_an_avx2_dispatch_bf16_takes_the_avx2_native_loops():
         "bf16": "moespec_bf16_pairs_avx2",
         "int8": "moespec_int8_pairs_avx2",
         "attention": "moespec_attend_bf16_avx2",
+        "pass": "moespec_step",
     }
     assert used == {"packed": True}
 

@@ -103,6 +103,7 @@ class CpuPaths:
                 "bf16": self.native_bf16,
                 "int8": self.native_int8,
                 "attention": self.native_attention,
+                "pass": "moespec_step" if native().has("moespec_step") else None,
             },
             "paths": {"bf16": self.bf16, "fp32": self.fp32, "int8": self.int8},
             "fallbacks": {n: self.fallback(n) for n in ("bf16", "fp32") if self.fallback(n)},

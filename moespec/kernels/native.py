@@ -60,6 +60,8 @@ import torch
 from moespec.kernels.isa import cpu_flags, this_cpu
 
 SOURCE = Path(__file__).with_name("native.c")
+# the model pass of moespec.models.native_step, built into the same library
+SOURCES = (SOURCE, Path(__file__).with_name("step.c"))
 VERSION = 3  # moespec_native_version() of the source this module speaks to
 PAIR_GROUP = 64  # output rows per group of the pair layout (native.c)
 
@@ -126,8 +128,9 @@ BASE_FLAGS = ["-O3", "-fPIC", "-shared", "-std=c11", "-D_ISOC11_SOURCE"]
 
 
 def build(compiler: str, out_dir: Path) -> tuple[Path, bool]:
-    """Compile native.c into out_dir (once per source and compiler); (library, threaded)."""
-    source = SOURCE.read_bytes()
+    """Compile native.c and step.c into out_dir (once per source and compiler); (library,
+    threaded)."""
+    source = b"".join(path.read_bytes() for path in SOURCES)
     version = subprocess.run(
         [compiler, "--version"], capture_output=True, text=True, timeout=30
     ).stdout
@@ -140,7 +143,7 @@ def build(compiler: str, out_dir: Path) -> tuple[Path, bool]:
         out_dir.mkdir(parents=True, exist_ok=True)
         fd, tmp = tempfile.mkstemp(dir=out_dir, suffix=".so.tmp")
         os.close(fd)
-        cmd = [compiler, *BASE_FLAGS, *flags, str(SOURCE), "-o", tmp, "-lm"]
+        cmd = [compiler, *BASE_FLAGS, *flags, *map(str, SOURCES), "-o", tmp, "-lm"]
         done = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
         if done.returncode == 0:
             os.replace(tmp, target)  # atomic: a concurrent build leaves one whole file

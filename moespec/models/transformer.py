@@ -18,6 +18,7 @@ from moespec.models.cache import KVCache
 from moespec.models.config import ModelConfig
 from moespec.models.layers import Attention, DenseMLP, Rotary, attention_mask, rms_norm
 from moespec.models.moe import ExpertExecutor, MoEBlock, RoutingSink
+from moespec.models.native_step import KERNELS as NATIVE_KERNELS
 
 
 @dataclass
@@ -45,6 +46,11 @@ class Transformer:
         # A compiled one-token step (moespec.models.compiled.capture); its bits are not the
         # eager pass's, so it never runs where batch invariance is asked for.
         self.captured_step = None
+        # The native pass (moespec.models.native_step): every pass of batch 1 and at most
+        # MAX_PASS tokens, plain or verifying, in one call. Built on first use; `native`
+        # False keeps every pass eager (comparisons, tests).
+        self.native = True
+        self._native_step, self._native_note = None, None
 
     @property
     def moe_blocks(self) -> dict[int, MoEBlock]:
@@ -83,6 +89,15 @@ class Transformer:
             tokens = tokens[None]
         batch, length = tokens.shape
         if (
+            batch == 1
+            and length <= MAX_PASS
+            and offload is None
+            and kernel in NATIVE_KERNELS
+            and (step := self.native_step()) is not None
+            and (length > 1 or self.captured_step is None or self.batch_invariant)
+        ):
+            return step(tokens, cache, kernel=kernel, all_logits=all_logits, sink=routing_sink)
+        if (
             self.captured_step is not None
             and batch * length == 1
             and routing_sink is None
@@ -113,6 +128,28 @@ class Transformer:
                 h = h[:, -1:]
             return linear(rms_norm(h, self.norm, eps), self.lm_head).float()
 
+    def native_step(self):
+        """The native pass of this model (moespec.models.native_step), or None where it
+        cannot run (`native_report` says why) or `native` is off."""
+        if not self.native:
+            return None
+        if self._native_step is None and self._native_note is None:
+            from moespec.models.native_step import NativeStep, unsupported
+
+            self._native_note = unsupported(self)
+            if self._native_note is None:
+                self._native_step = NativeStep(self)
+        return self._native_step
+
+    def native_report(self) -> dict:
+        """{"native": whether passes of up to MAX_PASS tokens run natively, "note": why not}."""
+        step = self.native_step()
+        note = "off" if not self.native else self._native_note
+        return {"native": step is not None, "note": note}
+
+    def _weights_changed(self) -> None:
+        self._native_step, self._native_note = None, None
+
     def thread_plan(self, tokens: int = 1) -> dict:
         """Threads of a pass of `tokens` tokens at the current setting: the products that
         run on one thread and on all (moespec.kernels.threads), for reports."""
@@ -140,6 +177,7 @@ class Transformer:
             layer.attention.pack()
             layer.mlp.pack()
         self.lm_head = pack(self.lm_head)
+        self._weights_changed()
         return self
 
     def quantize_int8(self, dense: bool = True) -> "Transformer":
@@ -148,6 +186,7 @@ class Transformer:
         output head too (latent attention and shared experts included). Routers, norms and
         the embedding table keep the dtype (a tied head is quantized as a copy: the lookup
         needs the table)."""
+        self._weights_changed()
         for block in self.moe_blocks.values():
             block.experts.quantize_int8()
         if not dense:

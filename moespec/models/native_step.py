@@ -1,0 +1,299 @@
+"""The native model pass: a decode step or a verification pass of a few tokens in one call.
+
+A small model's decode step is nearly all fixed time: the demo target's eager step is some
+800 library calls, 1.4 ms a token against well under 0.3 ms of bytes, where llama.cpp takes
+0.3 ms in all. `moespec/kernels/step.c` runs the whole pass (embedding, norms, projections,
+q/k norms, rotary embedding, cache writes, attention, router, experts or dense MLP, head) in
+one call, on the products and the attention of `moespec/kernels/native.c` for this CPU's
+family, reached through function pointers.
+
+Its bits are its own, not the eager pass's (sums of squares and exponentials round in other
+orders), but it computes every row of a pass as a one-token pass would: products give each row
+its one-row bits, each row attends over exactly the positions it sees, the rest is row-wise.
+So a verification pass of k + 1 tokens reproduces k + 1 one-token steps bit for bit, greedy
+speculation equals plain greedy decoding, and the slot and deduplicating kernels (which only
+change which rows share a weight's read) give the same bits. It takes every pass of batch 1
+and at most MAX_PASS tokens of a supported model, in either mode: a model never mixes the two
+paths for passes that must agree. Longer passes (prompts) stay eager: they are shared by plain
+and speculative decoding, and the library's GEMMs are faster for them.
+
+Supported: bf16 models whose every product is in the native pair layout (bf16 or int8), with
+full attention (no sliding window, sinks, biases, output gate or clipping), q/k norms per head,
+over the projection or none, and softmax top-k routing (renormalised or not) over plain SwiGLU
+experts without shared experts, or dense SwiGLU MLPs. Anything else runs eagerly, and
+`report()` says why.
+"""
+
+import ctypes
+
+import torch
+
+from moespec.kernels import native as nat
+from moespec.kernels.invariance import MAX_PASS
+from moespec.kernels.isa import this_cpu
+from moespec.kernels.native import PairWeight
+from moespec.kernels.quant import Int8Weight
+from moespec.kernels.threads import SMALL_WORK_BYTES, threads_for
+
+KERNELS = ("slot", "dedup")  # the expert kernels a native pass computes (the same bits)
+QK_NORMS = {"none": 0, "head": 1, "projection": 2}
+MAX_ROTARY = 1024  # step.c's rotation buffer
+
+_U64, _I64 = ctypes.c_uint64, ctypes.c_int64
+
+
+class _Product(ctypes.Structure):
+    _fields_ = [("weight", _U64), ("scales", _U64), ("out", _I64), ("in_", _I64), ("bytes", _I64)]
+
+
+class _Layer(ctypes.Structure):
+    _fields_ = [
+        ("input_norm", _U64),
+        ("post_norm", _U64),
+        ("qkv", _Product),
+        ("o", _Product),
+        ("q_norm", _U64),
+        ("k_norm", _U64),
+        ("qk_norm", _I64),
+        ("experts", _I64),
+        ("top_k", _I64),
+        ("renormalize", _I64),
+        ("router", _Product),
+        ("gate_up", _U64),
+        ("down", _U64),
+    ]
+
+
+class _Model(ctypes.Structure):
+    _fields_ = [
+        ("layers", _I64),
+        ("hidden", _I64),
+        ("heads", _I64),
+        ("kv_heads", _I64),
+        ("head_dim", _I64),
+        ("rotary", _I64),
+        ("vocab", _I64),
+        ("eps", ctypes.c_float),
+        ("scale", ctypes.c_float),
+        ("embed", _U64),
+        ("norm", _U64),
+        ("head", _Product),
+        ("layer", ctypes.POINTER(_Layer)),
+        ("bf16_batch", _U64),
+        ("int8_batch", _U64),
+        ("attend", _U64),
+        ("small_bytes", _I64),
+    ]
+
+
+def _native_weight(w) -> bool:
+    if isinstance(w, PairWeight):
+        return w.shape[1] % 2 == 0
+    return isinstance(w, Int8Weight) and w.pairs is not None
+
+
+def unsupported(model) -> str | None:
+    """Why the native pass cannot run `model`, or None when it can."""
+    from moespec.models.layers import Attention, DenseMLP
+    from moespec.models.moe import MoEBlock
+
+    lib = nat.native()
+    if lib.lib is None:
+        return f"no native library: {lib.reason}"
+    if not lib.has("moespec_step"):
+        return "the native library lacks moespec_step"
+    if model.dtype != torch.bfloat16:
+        return f"the native pass computes in bf16, the model in {model.dtype}"
+    if nat.attention_function() is None:
+        return "no native attention on this CPU"
+    c = model.config
+    if c.qk_norm not in QK_NORMS or c.clip_qkv is not None:
+        return f"q/k norm {c.qk_norm!r} or clipping is not in the native pass"
+    if any(w is not None for w in c.attention_windows):
+        return "sliding-window attention is not in the native pass"
+    if c.rotary_dims % 2 or c.rotary_dims > min(c.head_dim, MAX_ROTARY) or c.head_dim % 2:
+        return f"rotary dims {c.rotary_dims} of head dim {c.head_dim} are not in the native pass"
+    products = [model.lm_head]
+    for i, layer in enumerate(model.layers):
+        a, mlp = layer.attention, layer.mlp
+        if type(a) is not Attention or any(
+            t is not None for t in (a.qkv_bias, a.o_bias, a.sinks, a.output_gate)
+        ):
+            return f"layer {i}'s attention is not in the native pass"
+        products += [a.qkv, a.o]
+        if isinstance(mlp, MoEBlock):
+            e = mlp.experts
+            extras = (mlp.routing, mlp.router_bias, mlp.correction_bias, mlp.shared)
+            if any(t is not None for t in extras) or mlp.shared_gate is not None:
+                return f"layer {i}'s router or shared experts are not in the native pass"
+            if not e.is_plain_swiglu or not e.is_packed:
+                return f"layer {i}'s experts are not packed plain SwiGLU experts"
+            products += [mlp.router, *e.packed_gate_up, *e.packed_down]
+        elif type(mlp) is DenseMLP:
+            products += [mlp.gate_up, mlp.down]
+        else:
+            return f"layer {i}'s MLP is not in the native pass"
+    if not all(_native_weight(w) for w in products):
+        return "not every weight is in the native pair layout (load the model packed)"
+    family = this_cpu()[2]
+    for kind, cls in (("bf16", PairWeight), ("int8", Int8Weight)):
+        if any(isinstance(w, cls) for w in products):
+            name, why = nat.layout_function(kind, family)
+            if name is None:
+                return why
+    return None
+
+
+class NativeStep:
+    """`step(tokens [1, T], cache, kernel, all_logits, routing_sink) -> logits` of a pass of
+    T <= MAX_PASS tokens at the cache's length, as `Transformer.forward` returns them ([1, T, V]
+    or [1, 1, V], float32); writes the pass's keys and values and advances the cache. The
+    weights are read in place (the model's own tensors, kept alive here)."""
+
+    def __init__(self, model, family: str | None = None):
+        # family: the CPU family whose loops to call (this CPU's; tests pass "avx2" on an
+        # AVX-512 host to run the AVX2 loops, which read the same layout)
+        c = model.config
+        lib = nat.native().lib
+        family = family or this_cpu()[2]
+        self._fn = lib.moespec_step
+        self._fn.restype = ctypes.c_int
+        self._keep = []  # every tensor and array whose address the structures hold
+        layers = (_Layer * len(model.layers))()
+        for i, layer in enumerate(model.layers):
+            layers[i] = self._layer(layer)
+        self._layers = layers
+        functions = {}
+        for kind in ("bf16", "int8"):
+            name, _ = nat.layout_function(kind, family)
+            fn = getattr(lib, f"{name}_batch", None) if name else None
+            functions[kind] = ctypes.cast(fn, ctypes.c_void_p).value if fn else 0
+        self.model = _Model(
+            layers=len(model.layers),
+            hidden=c.hidden_size,
+            heads=c.num_heads,
+            kv_heads=c.num_kv_heads,
+            head_dim=c.head_dim,
+            rotary=c.rotary_dims,
+            vocab=c.vocab_size,
+            eps=c.rms_norm_eps,
+            scale=c.head_dim**-0.5,
+            embed=self._ptr(model.embed),
+            norm=self._ptr(model.norm),
+            head=self._product(model.lm_head),
+            layer=layers,
+            bf16_batch=functions["bf16"],
+            int8_batch=functions["int8"],
+            attend=ctypes.cast(getattr(lib, nat.ATTENTION[family]), ctypes.c_void_p).value,
+            small_bytes=SMALL_WORK_BYTES,
+        )
+        self.vocab = c.vocab_size
+        self.rotary = model.rotary
+        self.moe_layers = [i for i, x in enumerate(self._layers) if x.experts]
+        self.top_k = max((self._layers[i].top_k for i in self.moe_layers), default=1)
+        self.openmp = nat.native().openmp
+        self._cache_key, self._cache_ptrs = None, None
+        self.passes = 0  # passes run natively
+
+    def _ptr(self, t: torch.Tensor) -> int:
+        t = t.contiguous()
+        self._keep.append(t)
+        return t.data_ptr()
+
+    def _product(self, w) -> _Product:
+        if isinstance(w, PairWeight):
+            data, scales = w.packed, 0
+        else:
+            data, scales = w.pairs, self._ptr(w.scales)
+        self._keep.append(data)
+        return _Product(data.data_ptr(), scales, w.shape[0], w.shape[1], w.nbytes)
+
+    def _products(self, weights) -> int:
+        array = (_Product * len(weights))(*[self._product(w) for w in weights])
+        self._keep.append(array)
+        return ctypes.addressof(array)
+
+    def _layer(self, layer) -> _Layer:
+        from moespec.models.moe import MoEBlock
+
+        a, mlp = layer.attention, layer.mlp
+        c = a.config
+        mode = QK_NORMS[c.qk_norm]
+        out = _Layer(
+            input_norm=self._ptr(layer.input_norm),
+            post_norm=self._ptr(layer.post_attention_norm),
+            qkv=self._product(a.qkv),
+            o=self._product(a.o),
+            q_norm=self._ptr(a.q_norm) if mode else 0,
+            k_norm=self._ptr(a.k_norm) if mode else 0,
+            qk_norm=mode,
+        )
+        if isinstance(mlp, MoEBlock):
+            e = mlp.experts
+            out.experts, out.top_k, out.renormalize = e.num_experts, mlp.top_k, mlp.renormalize
+            out.router = self._product(mlp.router)
+            out.gate_up = self._products(e.packed_gate_up)
+            out.down = self._products(e.packed_down)
+        else:
+            out.experts, out.top_k = 0, 1
+            out.gate_up = self._products([mlp.gate_up])
+            out.down = self._products([mlp.down])
+        return out
+
+    def _cache_addresses(self, cache):
+        key = (id(cache), cache.keys[0].data_ptr(), cache.values[-1].data_ptr(), cache.capacity)
+        if key != self._cache_key:
+            if cache.keys[0].shape[0] != 1 or not all(
+                t.is_contiguous() for t in (*cache.keys, *cache.values)
+            ):
+                raise ValueError("the native pass wants a contiguous cache of batch 1")
+            pairs = [p for k, v in zip(cache.keys, cache.values, strict=True) for p in (k, v)]
+            self._cache_ptrs = (_U64 * len(pairs))(*[t.data_ptr() for t in pairs])
+            self._cache_key = key
+        return self._cache_ptrs
+
+    def __call__(self, tokens: torch.Tensor, cache, *, kernel: str, all_logits: bool, sink=None):
+        length = tokens.shape[-1]
+        if not 1 <= length <= MAX_PASS:
+            raise ValueError(f"a native pass holds 1-{MAX_PASS} tokens, got {length}")
+        tokens = tokens.reshape(-1).to(torch.int64).contiguous()
+        start = cache.length
+        cache.reserve(length)
+        cos, sin = self.rotary.tables(start, length)
+        rows = length if all_logits else 1
+        logits = torch.empty(1, rows, self.vocab, dtype=torch.float32)
+        ids = weights = None
+        if sink is not None:
+            n = len(self._layers)
+            ids = torch.zeros(n, length, self.top_k, dtype=torch.int64)
+            weights = torch.zeros(n, length, self.top_k, dtype=torch.float32)
+        threads = torch.get_num_threads() if self.openmp else 1
+        attend = threads_for(cache.layer_bytes(start + length), threads)
+        rc = self._fn(
+            ctypes.byref(self.model),
+            ctypes.c_void_p(tokens.data_ptr()),
+            _I64(length),
+            _I64(start),
+            self._cache_addresses(cache),
+            _I64(cache.capacity),
+            ctypes.c_void_p(cos.data_ptr()),
+            ctypes.c_void_p(sin.data_ptr()),
+            ctypes.c_int(kernel == "dedup"),
+            ctypes.c_int(bool(all_logits)),
+            ctypes.c_void_p(logits.data_ptr()),
+            ctypes.c_void_p(0 if ids is None else ids.data_ptr()),
+            ctypes.c_void_p(0 if weights is None else weights.data_ptr()),
+            ctypes.c_int(threads),
+            ctypes.c_int(attend),
+        )
+        if rc == 1:
+            raise MemoryError("native pass: no memory for its buffers")
+        if rc:
+            raise RuntimeError("native pass: a product refused its shapes")
+        cache.advance(length)
+        self.passes += 1
+        if sink is not None:
+            for i in self.moe_layers:
+                k = self._layers[i].top_k
+                sink(i, ids[i, :, :k], weights[i, :, :k])
+        return logits

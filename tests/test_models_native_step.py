@@ -1,0 +1,235 @@
+"""The native model pass (moespec.models.native_step): one call per pass, as accurate as the
+eager bf16 pass, each row of a verification pass with its one-token bits, eager where it
+cannot run and saying why."""
+
+import pytest
+import torch
+
+from moespec.decoding import Sampler, generate
+from moespec.decoding.draft_policy import DraftLengthPolicy
+from moespec.decoding.drafters import ModelDrafter
+from moespec.kernels import native as nat
+from moespec.kernels.isa import cpu_flags, this_cpu
+from moespec.models import load_model
+from moespec.models.native_step import NativeStep
+from tests.checkpoints import hf_model, save_checkpoint
+
+# qwen3_moe: q/k norms per head, an untied head, a dense layer among MoE ones; qwen3: dense,
+# tied; mixtral: no q/k norm, renormalised top-k; olmoe: norms over the whole projection
+# (its tiny checkpoint clips q, k and v, which the native pass does not: without clipping here)
+FAMILIES = {"qwen3_moe": {}, "qwen3": {}, "mixtral": {}, "olmoe": {"clip_qkv": None}}
+
+
+@pytest.fixture(scope="module")
+def checkpoints(tmp_path_factory):
+    made = {}
+
+    def make(family):
+        if family not in made:
+            made[family] = save_checkpoint(
+                hf_model(family, **FAMILIES.get(family, {})), tmp_path_factory.mktemp(family)
+            )
+        return made[family]
+
+    return make
+
+
+def native_model(directory, **kwargs):
+    model = load_model(directory, dtype="bf16", **kwargs)[0]
+    if (report := model.native_report())["native"] is False:
+        pytest.skip(f"no native pass here: {report['note']}")
+    return model
+
+
+def teacher_forced(model, prompt, tokens, kernel="slot") -> torch.Tensor:
+    """Logits [len(tokens), V] of one-token steps feeding `tokens` after the prompt."""
+    cache = model.new_cache()
+    model(torch.tensor([prompt]), cache)
+    return torch.stack([model(torch.tensor([[t]]), cache, kernel=kernel)[0, -1] for t in tokens])
+
+
+def stream(seed=0, prompt=12, tokens=20, vocab=96):
+    g = torch.Generator().manual_seed(seed)
+    return (
+        torch.randint(0, vocab, (prompt,), generator=g).tolist(),
+        torch.randint(0, vocab, (tokens,), generator=g).tolist(),
+    )
+
+
+@pytest.mark.parametrize("family", sorted(FAMILIES))
+def test_the_native_pass_is_as_accurate_as_the_eager_bf16_pass(checkpoints, family):
+    model = native_model(checkpoints(family))
+    reference = load_model(checkpoints(family), dtype="fp32")[0]
+    prompt, tokens = stream()
+    exact = teacher_forced(reference, prompt, tokens)
+    steps = model.native_step().passes
+    native = teacher_forced(model, prompt, tokens)
+    assert model.native_step().passes - steps == len(tokens)  # every step ran natively
+    model.native = False
+    eager = teacher_forced(model, prompt, tokens)
+
+    def error(x):
+        return ((x - exact).abs().max() / exact.abs().max()).item()
+
+    # measured: 0.4-1.0% of the largest logit for both; native within 0.8% of eager
+    assert error(native) <= 1.5 * error(eager) + 1e-3
+    assert error(native) < 0.03
+
+
+@pytest.mark.parametrize("family", sorted(FAMILIES))
+@pytest.mark.parametrize("kernel", ["slot", "dedup"])
+def test_a_verification_pass_gives_every_row_its_one_token_bits(checkpoints, family, kernel):
+    model = native_model(checkpoints(family))
+    prompt, tokens = stream(1, tokens=9)
+    one, many = model.new_cache(), model.new_cache()
+    model(torch.tensor([prompt]), one)
+    model(torch.tensor([prompt]), many)
+    steps = torch.cat([model(torch.tensor([[t]]), one, kernel=kernel) for t in tokens], dim=1)
+    passes = model.native_step().passes
+    verified = model(torch.tensor([tokens]), many, kernel=kernel, all_logits=True)
+    assert model.native_step().passes == passes + 1  # the nine tokens in one native pass
+    assert torch.equal(verified, steps)
+    assert one.length == many.length == len(prompt) + len(tokens)
+    for a, b in zip(one.keys + one.values, many.keys + many.values, strict=True):
+        assert torch.equal(a[:, :, : one.length], b[:, :, : many.length])
+
+
+def test_slot_and_dedup_orders_give_the_same_bits(checkpoints):
+    model = native_model(checkpoints("qwen3_moe"))
+    prompt, tokens = stream(2)
+    # a pass whose tokens share experts: the deduplicating order groups their rows
+    repeated = [tokens[0]] * 4 + tokens[:5]
+    results = []
+    for kernel in ("slot", "dedup"):
+        cache = model.new_cache()
+        model(torch.tensor([prompt]), cache)
+        results.append(model(torch.tensor([repeated]), cache, kernel=kernel, all_logits=True))
+    assert torch.equal(*results)
+
+
+def test_speculative_greedy_equals_plain_greedy_on_native_passes(checkpoints):
+    target = native_model(checkpoints("qwen3_moe"))
+    draft = native_model(checkpoints("qwen3"))
+    prompt = stream(3)[0]
+
+    def tokens(records):
+        return [t for r in records for t in r.tokens]
+
+    plain = tokens(generate(target, prompt, max_tokens=40))
+    passes = target.native_step().passes
+    drafter = ModelDrafter(draft, Sampler(), target.config.vocab_size)
+    speculative = tokens(
+        generate(target, prompt, max_tokens=40, drafter=drafter, draft_policy=DraftLengthPolicy(4))
+    )
+    assert speculative == plain
+    assert target.native_step().passes > passes and draft.native_step().passes > 0
+
+
+def test_the_routing_sink_sees_the_routing_and_changes_nothing(checkpoints):
+    model = native_model(checkpoints("qwen3_moe"))
+    prompt, tokens = stream(4, tokens=6)
+    seen = {False: [], True: []}
+
+    def run(native, sink):
+        model.native = native
+        cache = model.new_cache()
+        model(torch.tensor([prompt]), cache)
+        return model(torch.tensor([tokens]), cache, all_logits=True, routing_sink=sink)
+
+    quiet = run(True, None)
+    traced = run(True, lambda layer, ids, w: seen[True].append((layer, ids.clone(), w.clone())))
+    assert torch.equal(quiet, traced)
+    run(False, lambda layer, ids, w: seen[False].append((layer, ids.clone(), w.clone())))
+    assert [x[0] for x in seen[True]] == [x[0] for x in seen[False]] == [0, 2]  # MoE layers
+    for (_, ids, weights), (_, eager_ids, eager_weights) in zip(*seen.values(), strict=True):
+        assert ids.shape == (len(tokens), 2) and ids.dtype == torch.int64
+        assert torch.equal(ids, eager_ids)
+        torch.testing.assert_close(weights, eager_weights, atol=2e-2, rtol=0)
+        torch.testing.assert_close(weights.sum(-1), torch.ones(len(tokens)))  # renormalised
+
+
+def test_int8_weights_run_natively(checkpoints):
+    name, why = nat.layout_function("int8", this_cpu()[2])
+    if name is None:
+        pytest.skip(f"no native int8 loops here: {why}")
+    model = native_model(checkpoints("qwen3_moe"), weights="int8")
+    prompt, tokens = stream(5, tokens=9)
+    native = teacher_forced(model, prompt, tokens)
+    model.native = False
+    eager = teacher_forced(model, prompt, tokens)
+    # the same int8 products; only the norms' and softmax's rounding orders differ
+    assert ((native - eager).abs().max() / eager.abs().max()).item() < 0.02
+    model.native = True
+    cache = model.new_cache()
+    model(torch.tensor([prompt]), cache)
+    assert torch.equal(model(torch.tensor([tokens]), cache, all_logits=True)[0], native)
+
+
+def test_a_cache_that_grows_during_native_passes_keeps_its_positions(checkpoints):
+    model = native_model(checkpoints("qwen3"))
+    prompt, tokens = stream(6, prompt=3, tokens=20)
+    big, small = model.new_cache(capacity=256), model.new_cache(capacity=4)
+    for cache in (big, small):
+        model(torch.tensor([prompt]), cache)
+    a = torch.cat([model(torch.tensor([[t]]), big) for t in tokens], dim=1)
+    b = torch.cat([model(torch.tensor([[t]]), small) for t in tokens], dim=1)
+    assert small.capacity > 4 and torch.equal(a, b)
+
+
+def test_the_avx2_loops_give_a_native_pass_of_the_same_properties(checkpoints):
+    if "fma" not in cpu_flags() or not nat.native().has("moespec_bf16_pairs_avx2"):
+        pytest.skip("the AVX2 loops need AVX2 and FMA, which this CPU or build lacks")
+    model = native_model(checkpoints("qwen3_moe"))
+    avx2 = NativeStep(model, family="avx2")
+    prompt, tokens = stream(7, tokens=9)
+    caches = [model.new_cache() for _ in range(3)]
+    for cache in caches:
+        model(torch.tensor([prompt]), cache)
+    rows = avx2(torch.tensor([tokens]), caches[0], kernel="dedup", all_logits=True)
+    steps = torch.cat(
+        [avx2(torch.tensor([[t]]), caches[1], kernel="slot", all_logits=False) for t in tokens],
+        dim=1,
+    )
+    assert torch.equal(rows, steps)
+    this_cpu = model(torch.tensor([tokens]), caches[2], all_logits=True)
+    assert ((rows - this_cpu).abs().max() / this_cpu.abs().max()).item() < 0.02
+
+
+def test_passes_the_native_pass_cannot_take_run_eagerly_and_say_why(checkpoints):
+    fp32 = load_model(checkpoints("qwen3_moe"), dtype="fp32")[0]
+    assert fp32.native_report() == {
+        "native": False,
+        "note": "the native pass computes in bf16, the model in torch.float32",
+    }
+    unpacked = load_model(checkpoints("qwen3_moe"), dtype="bf16", pack=False)[0]
+    assert unpacked.native_step() is None
+    assert "not packed" in unpacked.native_report()["note"]
+    clipped = save_checkpoint(hf_model("olmoe"), checkpoints("olmoe").parent / "clipped")
+    assert "clipping" in load_model(clipped, dtype="bf16")[0].native_report()["note"]
+
+    model = native_model(checkpoints("qwen3_moe"))
+    model.native = False
+    assert model.native_report() == {"native": False, "note": "off"}
+    model.native = True
+    prompt, tokens = stream(8, tokens=4)
+    cache = model.new_cache()
+    model(torch.tensor([prompt]), cache)
+    passes = model.native_step().passes
+    model(torch.tensor([tokens]), cache, kernel="reference")  # a kernel it does not compute
+    model(
+        torch.tensor([tokens]), cache, offload=lambda layer, x, ids, w, kernel: torch.zeros_like(x)
+    )
+    assert model.native_step().passes == passes
+
+
+def test_compile_auto_leaves_the_steps_to_the_native_pass(checkpoints):
+    from moespec.models.compiled import capture
+
+    model = native_model(checkpoints("qwen3"))
+    report = capture(model, "auto")
+    assert report == {
+        "mode": "auto",
+        "captured": False,
+        "note": "decoding natively: the native pass runs every step",
+    }
+    assert model.captured_step is None
