@@ -233,3 +233,12 @@ def test_compile_auto_leaves_the_steps_to_the_native_pass(checkpoints):
         "note": "decoding natively: the native pass runs every step",
     }
     assert model.captured_step is None
+
+
+def test_a_token_outside_the_vocabulary_is_refused_and_the_cache_kept(checkpoints):
+    model = native_model(checkpoints("qwen3"))
+    cache = model.new_cache()
+    model(torch.tensor([[1, 2, 3]]), cache)
+    with pytest.raises(IndexError, match=r"outside the vocabulary \(0-95\)"):
+        model(torch.tensor([[4, 96]]), cache)
+    assert cache.length == 3

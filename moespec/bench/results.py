@@ -15,7 +15,7 @@ MAKE_OLMOE_4L = (
     "python -c 'from pathlib import Path; from moespec.bench.checkpoints import "
     f'random_checkpoint; random_checkpoint("olmoe", Path("{CHECKPOINTS}"))\''
 )
-BEFORE_TREE = f"{CHECKPOINTS}/before-1462ea1"  # main before the fixed-time work
+BEFORE_TREE = f"{CHECKPOINTS}/before-9aca000"  # main before the native model pass
 PLAN_FIGURES = ("bandwidth.png", "ratio.png", "saving.png", "staircase.png", "report.md")
 REPORT_FILES = ("report.md", "report.json", "table1.png", "table2.png", "figure5.png")
 
@@ -113,9 +113,11 @@ RESULTS = [
         "fixed-time",
         ("fixed_time.json",),
         (
-            f"test -d {BEFORE_TREE} || git worktree add --detach {BEFORE_TREE} 1462ea1",
+            f"test -d {BEFORE_TREE} || git worktree add --detach {BEFORE_TREE} 9aca000",
             f"python benchmarks/fixed_time.py --before {BEFORE_TREE} "
-            '--before-label "1462ea1 (main before the fixed-time work)" '
+            '--before-label "9aca000 (main before the native model pass)" '
+            f"--gguf-target {CHECKPOINTS}/target-bf16.gguf "
+            f"--gguf-draft {CHECKPOINTS}/draft-bf16.gguf "
             f"--out {RESULTS_DIR}/fixed_time.json --force",
         ),
         8,

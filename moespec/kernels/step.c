@@ -177,12 +177,16 @@ static void route(const uint16_t *logits, int64_t E, int64_t k, int renormalize,
  * keys' then the values' base ([K, capacity, D] bf16, batch 1); cos, sin: rows start .. of the
  * rotary tables [*, R]. dedup: each distinct expert of a layer takes its rows in one product
  * (else one product per token and slot; the same bits either way). logits: fp32 [T, V] when
- * all_logits, else [1, V] of the last row. ids, weights: [layers][T][top_k] of each MoE layer
- * (or NULL). Returns 0, 1 without memory, 2 when a native loop refused its shapes. */
+ * all_logits, else [1, V] of the last row. ids, weights: [layers][T][top], top the largest
+ * top_k, of each MoE layer
+ * (or NULL). Returns 0, 1 without memory, 2 when a native loop refused its shapes, 3 for a
+ * token id outside the vocabulary (nothing written). */
 int moespec_step(const Model *m, const int64_t *tokens, int64_t T, int64_t start,
                  const uint64_t *cache, int64_t capacity, const uint16_t *cos,
                  const uint16_t *sin, int dedup, int all_logits, float *logits, int64_t *ids,
                  float *weights, int threads, int attend_threads) {
+    for (int64_t t = 0; t < T; t++)
+        if (tokens[t] < 0 || tokens[t] >= m->vocab) return 3;
     const int64_t H = m->hidden, N = m->heads, K = m->kv_heads, D = m->head_dim;
     const int64_t QKV = (N + 2 * K) * D;
     int64_t top = 1, widest = H, inter = 1, E = 1;
@@ -278,10 +282,11 @@ int moespec_step(const Model *m, const int64_t *tokens, int64_t T, int64_t start
         for (int64_t t = 0; t < T; t++)
             route(rl + t * L->experts, L->experts, k, (int)L->renormalize, p, sid + t * k,
                   w + t * k);
-        if (ids) {
-            memcpy(ids + l * T * k, sid, (size_t)R * 8);
-            memcpy(weights + l * T * k, w, (size_t)R * 4);
-        }
+        if (ids) /* [layers][T][top]: this layer's k of each row's top slots */
+            for (int64_t t = 0; t < T; t++) {
+                memcpy(ids + (l * T + t) * top, sid + t * k, (size_t)k * 8);
+                memcpy(weights + (l * T + t) * top, w + t * k, (size_t)k * 4);
+            }
         /* pos[r]: the row of slot r (token-major) in hid/act/xg; the products in `order` */
         int64_t n = 0;
         if (!dedup) {

@@ -120,6 +120,11 @@ def unsupported(model) -> str | None:
             t is not None for t in (a.qkv_bias, a.o_bias, a.sinks, a.output_gate)
         ):
             return f"layer {i}'s attention is not in the native pass"
+        sizes = {"head": (c.head_dim,) * 2, "projection": (c.num_heads, c.num_kv_heads)}
+        if c.qk_norm in sizes:
+            want = [n * (c.head_dim if c.qk_norm == "projection" else 1) for n in sizes[c.qk_norm]]
+            if [a.q_norm.numel(), a.k_norm.numel()] != want:
+                return f"layer {i}'s q/k norm weights are not of the native pass's shapes"
         products += [a.qkv, a.o]
         if isinstance(mlp, MoEBlock):
             e = mlp.experts
@@ -244,9 +249,10 @@ class NativeStep:
         key = (id(cache), cache.keys[0].data_ptr(), cache.values[-1].data_ptr(), cache.capacity)
         if key != self._cache_key:
             if cache.keys[0].shape[0] != 1 or not all(
-                t.is_contiguous() for t in (*cache.keys, *cache.values)
+                t.is_contiguous() and t.dtype == torch.bfloat16
+                for t in (*cache.keys, *cache.values)
             ):
-                raise ValueError("the native pass wants a contiguous cache of batch 1")
+                raise ValueError("the native pass wants a contiguous bf16 cache of batch 1")
             pairs = [p for k, v in zip(cache.keys, cache.values, strict=True) for p in (k, v)]
             self._cache_ptrs = (_U64 * len(pairs))(*[t.data_ptr() for t in pairs])
             self._cache_key = key
@@ -286,6 +292,8 @@ class NativeStep:
             ctypes.c_int(threads),
             ctypes.c_int(attend),
         )
+        if rc == 3:
+            raise IndexError(f"token ids outside the vocabulary (0-{self.vocab - 1}) in {tokens}")
         if rc == 1:
             raise MemoryError("native pass: no memory for its buffers")
         if rc:
