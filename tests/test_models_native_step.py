@@ -242,3 +242,24 @@ def test_a_token_outside_the_vocabulary_is_refused_and_the_cache_kept(checkpoint
     with pytest.raises(IndexError, match=r"outside the vocabulary \(0-95\)"):
         model(torch.tensor([[4, 96]]), cache)
     assert cache.length == 3
+
+
+def test_a_cache_whose_inner_layers_moved_is_written_where_they_are_now(checkpoints):
+    # A new cache can reuse an old one's id and first tensor's address with its other
+    # tensors elsewhere: the pass must write and read every layer where it is now.
+    model = native_model(checkpoints("qwen3"))
+    prompt, tokens = stream(9, prompt=3, tokens=6)
+    cache = model.new_cache()
+    model(torch.tensor([prompt]), cache)
+    expected = model(torch.tensor([tokens]), cache, all_logits=True)
+    written = [
+        t[:, :, len(prompt) : cache.length].clone() for t in (cache.keys[1], cache.values[1])
+    ]
+    cache.rollback(len(prompt))
+    for store in (cache.keys, cache.values):  # the second layer's tensors at new addresses,
+        store[1] = store[1].clone()  # the pass's positions cleared
+        store[1][:, :, len(prompt) :] = 0
+    moved = model(torch.tensor([tokens]), cache, all_logits=True)
+    assert torch.equal(moved, expected)
+    for t, before in zip((cache.keys[1], cache.values[1]), written, strict=True):
+        assert torch.equal(t[:, :, len(prompt) : cache.length], before)

@@ -246,15 +246,16 @@ class NativeStep:
         return out
 
     def _cache_addresses(self, cache):
-        key = (id(cache), cache.keys[0].data_ptr(), cache.values[-1].data_ptr(), cache.capacity)
+        # every layer's address, every pass: a new cache can reuse an old one's id and the
+        # address of its first tensor while its other tensors lie elsewhere
+        tensors = [t for pair in zip(cache.keys, cache.values, strict=True) for t in pair]
+        key = tuple(t.data_ptr() for t in tensors)
         if key != self._cache_key:
             if cache.keys[0].shape[0] != 1 or not all(
-                t.is_contiguous() and t.dtype == torch.bfloat16
-                for t in (*cache.keys, *cache.values)
+                t.is_contiguous() and t.dtype == torch.bfloat16 for t in tensors
             ):
                 raise ValueError("the native pass wants a contiguous bf16 cache of batch 1")
-            pairs = [p for k, v in zip(cache.keys, cache.values, strict=True) for p in (k, v)]
-            self._cache_ptrs = (_U64 * len(pairs))(*[t.data_ptr() for t in pairs])
+            self._cache_ptrs = (_U64 * len(key))(*key)
             self._cache_key = key
         return self._cache_ptrs
 
