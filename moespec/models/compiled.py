@@ -159,11 +159,11 @@ def capture(model, mode: CompileMode = "auto") -> dict:
         model.compile_note = "off"
     elif model.batch_invariant:
         model.compile_note = "decoding eagerly: batch-invariant passes keep the eager bits"
-    elif reason := supported(model) or compiler_missing():
-        model.compile_note = f"decoding eagerly: {reason}"
     elif mode == "auto" and model.native_step() is not None:
         # measured on the demo target: 0.23 ms a step natively, 0.96 compiled, 1.7 eager
         model.compile_note = "decoding natively: the native pass runs every step"
+    elif reason := supported(model) or compiler_missing():
+        model.compile_note = f"decoding eagerly: {reason}"
     elif mode == "auto" and not small_enough(model):
         model.compile_note = "decoding eagerly: a product of the step earns more than one thread"
     else:
