@@ -64,7 +64,7 @@ def test_the_native_pass_is_as_accurate_as_the_eager_bf16_pass(checkpoints, fami
     exact = teacher_forced(reference, prompt, tokens)
     steps = model.native_step().passes
     native = teacher_forced(model, prompt, tokens)
-    assert model.native_step().passes - steps == len(tokens)  # every step ran natively
+    assert model.native_step().passes - steps == 1 + len(tokens)  # the prompt and every step
     model.native = False
     eager = teacher_forced(model, prompt, tokens)
 
@@ -216,6 +216,7 @@ def test_passes_the_native_pass_cannot_take_run_eagerly_and_say_why(checkpoints)
     model(torch.tensor([prompt]), cache)
     passes = model.native_step().passes
     model(torch.tensor([tokens]), cache, kernel="reference")  # a kernel it does not compute
+    model(torch.randint(0, 96, (1, 257)), model.new_cache())  # a prompt of over 256 tokens
     model(
         torch.tensor([tokens]), cache, offload=lambda layer, x, ids, w, kernel: torch.zeros_like(x)
     )

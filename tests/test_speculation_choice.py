@@ -220,3 +220,75 @@ def test_generate_is_batch_invariant_by_default_and_says_so(checkpoint_dir, caps
     assert json.loads(capsys.readouterr().out)["batch_invariant"] is True
     assert main([*argv, "--batch-invariant", "off"]) == 0
     assert json.loads(capsys.readouterr().out)["batch_invariant"] is False
+
+
+def test_the_policy_s_float_choice_is_the_cost_model_s_exactly():
+    import random
+
+    from moespec.costmodel import best_draft_length, throughput
+    from moespec.decoding.draft_policy import _best_in_floats
+
+    rng = random.Random(0)
+    for _ in range(2000):
+        n = rng.randint(1, 9)
+        table = [rng.uniform(0.1, 3.0) for _ in range(n)]
+        if rng.random() < 0.2:  # ties and flat tables, where the smaller k must win
+            table = [table[0]] * n
+        a = rng.choice([0.0, 0.5, 0.999, rng.random() * 0.999])
+        k, value = _best_in_floats(table, a)
+        assert k == best_draft_length(table, a)
+        assert value == throughput(table, a, k)
+
+
+def test_a_long_catch_up_restarts_the_draft_on_the_context_s_last_tokens(pair):
+    target, draft = pair
+    drafter = ModelDrafter(draft, Sampler(), target.config.vocab_size, max_catch_up=8)
+    context = list(range(3, 23))  # 20 tokens: the first feed (a prompt) is whole
+    assert drafter.catch_up(context) == (20, 0)
+    context += list(range(30, 60))  # 30 missed tokens
+    assert drafter.catch_up(context)[0] == 8 and drafter.offset == len(context) - 8
+    context += [61, 62]
+    assert drafter.catch_up(context)[0] == 2  # steady again: the window is not fed twice
+    fresh = ModelDrafter(draft, Sampler(), target.config.vocab_size, max_catch_up=None)
+    fresh.catch_up(context[drafter.offset :])  # the draft sees exactly the window
+    # (fed as 8 + 2 tokens against 10 at once: fp32 passes of other sizes round apart)
+    torch.testing.assert_close(drafter.next_logits, fresh.next_logits, rtol=1e-5, atol=1e-5)
+    # and the target's output stays the plain greedy one whatever the draft saw
+    prompt = PROMPT * 2
+    plain = tokens_of(generate(target, prompt, max_tokens=40))
+    short = ModelDrafter(draft, Sampler(), target.config.vocab_size, max_catch_up=2)
+    speculative = generate(
+        target, prompt, max_tokens=40, drafter=short, draft_policy=DraftLengthPolicy(3)
+    )
+    assert tokens_of(speculative) == plain
+
+
+def test_noisy_verify_times_never_make_a_longer_pass_cheaper():
+    policy = DraftLengthPolicy("auto", max_draft_length=4)
+    for seconds in (9.0, 1.0):
+        policy.observe(0, 0, 0, seconds, 0.0)  # tau(1) = 1 (the first sample dropped)
+    for seconds in (9.0, 0.6):
+        policy.observe(1, 1, 1, seconds, 0.0)  # tau(2) = 0.6: noise, not a cheaper pass
+    table = policy.step_times()
+    # linearly, tau(5) would be 1 - 4 * 0.4 < 0 (then 1e-9: a free far draft)
+    assert table == sorted(table) and min(table) >= 1.0
+
+
+def test_a_drafter_whose_only_draft_time_was_dropped_is_not_free():
+    policy = DraftLengthPolicy("auto", max_draft_length=4)
+    for seconds in (9.0, 1.0):
+        policy.observe(0, 0, 0, seconds, 0.0)
+    for seconds in (9.0, 1.5):
+        policy.verify_times.add(2, seconds)  # tau(2) measured (another drafter's steps)
+    policy.observe_draft(2, 1, 0.4)  # one draft of 2 tokens: its time is a first sample
+    table = policy.step_times()
+    # h(k) provisional at k * 0.2 (the dropped sample's rate), not 0
+    assert table[4] == pytest.approx(1.0 + 4 * 0.5 + 4 * 0.2)
+
+
+def test_a_draft_step_that_caught_up_counts_as_the_steady_step_in_it():
+    policy = DraftLengthPolicy("auto", max_draft_length=4)
+    for _ in range(2):  # the first sample of each length is dropped
+        # 30 tokens beyond a steady feed of 2 in 0.032 s, then 0.01 s of drafting
+        policy.observe_draft(3, 3, 0.042, catch_up=30, catch_up_seconds=0.032)
+    assert policy.draft_times.known() == {3: pytest.approx(0.01 + 0.032 * 2 / 32)}

@@ -16,7 +16,7 @@ import statistics
 from collections import defaultdict, deque
 from typing import NamedTuple
 
-from moespec.costmodel import best_draft_length, expected_tokens
+from moespec.costmodel import expected_tokens
 
 WARM_UP_TRIES = 4  # steps spent at most on measuring each warm-up pass size
 STEADY_FEED = 2  # a draft pass feeding more tokens than this was catching up (not h(k))
@@ -26,19 +26,23 @@ class RunningMedians:
     """Median of the last `window` samples per key, with linear interpolation between keys.
 
     The first sample of each key is dropped: a pass of a new size pays one-time costs (library
-    kernels compiled for the shape) that would otherwise stand for its step time. `version`
-    grows whenever a median may have changed, so readers can cache what they derive.
+    kernels compiled for the shape) that would otherwise stand for its step time; it is kept
+    aside for `provisional`. `version` grows whenever a median may have changed, so readers
+    can cache what they derive.
     """
 
     def __init__(self, window: int = 16):
         self.samples = defaultdict(lambda: deque(maxlen=window))
         self.seen: set[int] = set()
+        self.first: dict[int, float] = {}  # the dropped first sample of each key
         self.medians: dict[int, float] = {}
         self.version = 0
+        self._curves, self._curves_version = {}, 0
 
     def add(self, key: int, value: float) -> None:
         if key not in self.seen:
             self.seen.add(key)
+            self.first[key] = value
             return
         samples = self.samples[key]
         samples.append(value)
@@ -46,6 +50,24 @@ class RunningMedians:
         if self.medians.get(key) != median:
             self.medians = dict(sorted({**self.medians, key: median}.items()))
             self.version += 1
+
+    def curve(self, keys: range, anchor: tuple[int, float] | None = None) -> list:
+        """[estimate(k, anchor) for k in keys], remembered until a median changes (the
+        policies of several drafters read the same verify times every step)."""
+        if self._curves_version != self.version:
+            self._curves, self._curves_version = {}, self.version
+        key = (keys.start, keys.stop, anchor)
+        if (values := self._curves.get(key)) is None:
+            values = self._curves[key] = [self.estimate(k, anchor) for k in keys]
+        return values
+
+    def provisional(self, key: int) -> float | None:
+        """While no median is known: key times the lowest value per key of the dropped first
+        samples (a line through zero; an upper bound of sorts, as first samples run slow)."""
+        rates = [value / k for k, value in self.first.items() if k > 0]
+        if self.medians or not rates:
+            return None
+        return key * min(rates)
 
     def known(self) -> dict[int, float]:
         """{key: median} for every key with a counted sample (do not modify)."""
@@ -74,6 +96,20 @@ class RunningMedians:
             lo, hi = above[0], above[1]
         slope = (points[hi] - points[lo]) / (hi - lo)
         return max(points[lo] + slope * (key - lo), 0.0)
+
+
+def _best_in_floats(table: list[float], acceptance: float) -> tuple[int, float]:
+    """(k*, T_a(k*)) of a table of positive floats: `best_draft_length` and `throughput` of
+    moespec.costmodel in the same float operations (G_k = G_(k-1) a + 1 is its Horner rule,
+    ties keep the smaller k), without their input checks, which cost more than the choice
+    itself once per step when a step takes a quarter of a millisecond."""
+    gain, best_k, best = 1.0, 0, 1.0 / table[0]
+    for k in range(1, len(table)):
+        gain = gain * acceptance + 1
+        value = gain / table[k]
+        if value > best:
+            best_k, best = k, value
+    return best_k, best
 
 
 class Plan(NamedTuple):
@@ -175,19 +211,31 @@ class DraftLengthPolicy:
     def _build_table(self) -> list[float] | None:
         table = []
         measured = self.draft_times.known()
-        for k in range(self.max_draft_length + 1):
+        k_max = self.max_draft_length
+        if self.plan_verify_times is None:
+            verifies = self.verify_times.curve(range(1, k_max + 2))
+        drafts = self.draft_times.curve(range(k_max + 1), anchor=(0, 0.0))
+        floor = 0.0
+        for k in range(k_max + 1):
             if self.plan_verify_times is not None:
                 verify = self.plan_verify_times[k]
             else:
-                verify = self.verify_times.estimate(k + 1)
+                verify = verifies[k]
             if k in measured:
                 draft = measured[k]
             elif self.plan_draft_times is not None and k < len(self.plan_draft_times):
                 draft = self.plan_draft_times[k]
-            else:
-                draft = self.draft_times.estimate(k, anchor=(0, 0.0)) or 0.0
+            elif drafts[k] is not None:
+                draft = drafts[k]
+            else:  # nothing measured yet: a drafter that drafts rarely (a model between
+                # plain steps) would otherwise go long on an h(k) of zero, as if free
+                draft = self.draft_times.provisional(k) or 0.0
             if verify is None:
                 return None
+            # a pass of more tokens is never cheaper: noise between two measured sizes
+            # must not extrapolate to a falling (or vanishing) verify time
+            verify = max(verify, floor)
+            floor = verify
             table.append(max(verify + draft, 1e-9))
         return table
 
@@ -208,8 +256,7 @@ class DraftLengthPolicy:
         if table is None:
             return Plan(0, None)
         table = table[: k_max + 1]
-        best = best_draft_length(table, min(self.acceptance_estimate, 0.999))
-        value = self._throughput(table, best)
+        best, value = _best_in_floats(table, min(self.acceptance_estimate, 0.999))
         if best == 0:
             if self.idle_streak >= self.probe_gap:
                 return Plan(1, value, "probe")
@@ -268,16 +315,32 @@ class DraftLengthPolicy:
         draft_seconds: float,
         *,
         catch_up: int = 0,
+        catch_up_seconds: float = 0.0,
     ) -> None:
         """Record a step: `drafted` tokens proposed (<= draft_length), `accepted` of them;
-        catch_up: tokens the draft pass fed beyond a steady step's (its time is not h(k))."""
+        catch_up: tokens the draft pass fed beyond a steady step's, in catch_up_seconds (see
+        `observe_draft`)."""
         self.verify_times.add(drafted + 1, verify_seconds)
-        self.observe_draft(drafted, accepted, draft_seconds, catch_up=catch_up)
+        self.observe_draft(
+            drafted, accepted, draft_seconds, catch_up=catch_up, catch_up_seconds=catch_up_seconds
+        )
 
     def observe_draft(
-        self, drafted: int, accepted: int, draft_seconds: float, *, catch_up: int = 0
+        self,
+        drafted: int,
+        accepted: int,
+        draft_seconds: float,
+        *,
+        catch_up: int = 0,
+        catch_up_seconds: float = 0.0,
     ) -> None:
-        """The drafter's part of `observe` (the verify time recorded elsewhere)."""
+        """The drafter's part of `observe` (the verify time recorded elsewhere).
+
+        h(k) is a steady step's draft time, whose feed is the STEADY_FEED tokens the last
+        verification emitted. A step that caught up on more (after steps it did not draft)
+        counts as the steady step it contains: its drafting, plus its feed's time scaled to
+        STEADY_FEED tokens. Without this a drafter that only ever ran after plain steps never
+        had h(k) measured, and an unmeasured h(k) counts as free."""
         self.steps += 1
         if not drafted:
             self.idle_streak += 1
@@ -285,6 +348,10 @@ class DraftLengthPolicy:
         self.idle_streak = 0
         if catch_up <= STEADY_FEED:
             self.draft_times.add(drafted, draft_seconds)
+        elif catch_up_seconds > 0:
+            fed = catch_up + STEADY_FEED
+            steady = draft_seconds - catch_up_seconds + catch_up_seconds * STEADY_FEED / fed
+            self.draft_times.add(drafted, steady)
         # Geometric acceptance: `accepted` successes, then one failure unless all passed.
         self.observe_agreement(accepted, 1 if accepted < drafted else 0)
 

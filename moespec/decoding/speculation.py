@@ -154,7 +154,11 @@ class Speculation:
         for name, option in self.options.items():
             if name == proposal.drafter:
                 option.policy.observe_draft(
-                    drafted, accepted, proposal.seconds, catch_up=proposal.draft.catch_up
+                    drafted,
+                    accepted,
+                    proposal.seconds,
+                    catch_up=proposal.draft.catch_up,
+                    catch_up_seconds=proposal.draft.catch_up_seconds,
                 )
                 continue
             if proposal.drafter is None:  # probes look for gains where nothing drafts

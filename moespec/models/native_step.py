@@ -13,9 +13,9 @@ its one-row bits, each row attends over exactly the positions it sees, the rest 
 So a verification pass of k + 1 tokens reproduces k + 1 one-token steps bit for bit, greedy
 speculation equals plain greedy decoding, and the slot and deduplicating kernels (which only
 change which rows share a weight's read) give the same bits. It takes every pass of batch 1
-and at most MAX_PASS tokens of a supported model, in either mode: a model never mixes the two
-paths for passes that must agree. Longer passes (prompts) stay eager: they are shared by plain
-and speculative decoding, and the library's GEMMs are faster for them.
+and at most MAX_TOKENS tokens of a supported model, in either mode: decode steps, verification
+passes, a draft model's catch-up, short prompts. Longer prompts stay eager (the library's
+attention over a whole prompt at once); they are shared by plain and speculative decoding.
 
 Supported: bf16 models whose every product is in the native pair layout (bf16 or int8), with
 full attention (no sliding window, sinks, biases, output gate or clipping), q/k norms per head,
@@ -29,7 +29,6 @@ import ctypes
 import torch
 
 from moespec.kernels import native as nat
-from moespec.kernels.invariance import MAX_PASS
 from moespec.kernels.isa import this_cpu
 from moespec.kernels.native import PairWeight
 from moespec.kernels.quant import Int8Weight
@@ -38,6 +37,10 @@ from moespec.kernels.threads import SMALL_WORK_BYTES, threads_for
 KERNELS = ("slot", "dedup")  # the expert kernels a native pass computes (the same bits)
 QK_NORMS = {"none": 0, "head": 1, "projection": 2}
 MAX_ROTARY = 1024  # step.c's rotation buffer
+# The longest native pass: verification passes are at most 9 tokens; a draft's catch-up after
+# plain steps and a prompt are longer (eagerly, the 2.6M-parameter demo draft took 2.5 ms to
+# catch up on some 20 tokens, and up to 13 ms on longer runs of missed tokens).
+MAX_TOKENS = 256
 
 _U64, _I64 = ctypes.c_uint64, ctypes.c_int64
 
@@ -151,7 +154,7 @@ def unsupported(model) -> str | None:
 
 class NativeStep:
     """`step(tokens [1, T], cache, kernel, all_logits, routing_sink) -> logits` of a pass of
-    T <= MAX_PASS tokens at the cache's length, as `Transformer.forward` returns them ([1, T, V]
+    T <= MAX_TOKENS tokens at the cache's length, as `Transformer.forward` returns them ([1, T, V]
     or [1, 1, V], float32); writes the pass's keys and values and advances the cache. The
     weights are read in place (the model's own tensors, kept alive here)."""
 
@@ -261,8 +264,8 @@ class NativeStep:
 
     def __call__(self, tokens: torch.Tensor, cache, *, kernel: str, all_logits: bool, sink=None):
         length = tokens.shape[-1]
-        if not 1 <= length <= MAX_PASS:
-            raise ValueError(f"a native pass holds 1-{MAX_PASS} tokens, got {length}")
+        if not 1 <= length <= MAX_TOKENS:
+            raise ValueError(f"a native pass holds 1-{MAX_TOKENS} tokens, got {length}")
         tokens = tokens.reshape(-1).to(torch.int64).contiguous()
         start = cache.length
         cache.reserve(length)

@@ -19,6 +19,7 @@ from moespec.models.config import ModelConfig
 from moespec.models.layers import Attention, DenseMLP, Rotary, attention_mask, rms_norm
 from moespec.models.moe import ExpertExecutor, MoEBlock, RoutingSink
 from moespec.models.native_step import KERNELS as NATIVE_KERNELS
+from moespec.models.native_step import MAX_TOKENS as NATIVE_MAX_TOKENS
 
 
 @dataclass
@@ -47,7 +48,7 @@ class Transformer:
         # eager pass's, so it never runs where batch invariance is asked for.
         self.captured_step = None
         # The native pass (moespec.models.native_step): every pass of batch 1 and at most
-        # MAX_PASS tokens, plain or verifying, in one call. Built on first use; `native`
+        # 256 tokens, plain or verifying, in one call. Built on first use; `native`
         # False keeps every pass eager (comparisons, tests).
         self.native = True
         self._native_step, self._native_note = None, None
@@ -90,7 +91,7 @@ class Transformer:
         batch, length = tokens.shape
         if (
             batch == 1
-            and length <= MAX_PASS
+            and length <= NATIVE_MAX_TOKENS
             and offload is None
             and kernel in NATIVE_KERNELS
             and (step := self.native_step()) is not None
@@ -142,7 +143,7 @@ class Transformer:
         return self._native_step
 
     def native_report(self) -> dict:
-        """{"native": whether passes of up to MAX_PASS tokens run natively, "note": why not}."""
+        """{"native": whether passes of up to 256 tokens run natively, "note": why not}."""
         step = self.native_step()
         note = "off" if not self.native else self._native_note
         return {"native": step is not None, "note": note}
