@@ -153,8 +153,10 @@ def test_plain_steps_run_no_draft_model_pass(pair):
         generate(target, PROMPT, max_tokens=60, drafter=Speculation.single(drafter, policy))
     )
     assert all(r.drafted == 0 for r in records[1:])  # drafting never pays on these V(k)
-    # Greedy probes are catch-up passes scoring the draft, at 8, then 16, 32 plain steps.
-    assert counted.passes == 3
+    # Greedy probes are catch-up passes scoring the draft, due after 8, then 16, 32 plain
+    # steps, run at the first choice then: a plain streak chooses at steps 0, 2, 6, 14, then
+    # every 8 (QUIET_MAX_GAP), so at steps 14 and 30 (the third would be at 62).
+    assert counted.passes == 2
     plain = tokens_of(generate(target, PROMPT, max_tokens=60))
     assert tokens_of(records) == plain
 
@@ -292,3 +294,24 @@ def test_a_draft_step_that_caught_up_counts_as_the_steady_step_in_it():
         # 30 tokens beyond a steady feed of 2 in 0.032 s, then 0.01 s of drafting
         policy.observe_draft(3, 3, 0.042, catch_up=30, catch_up_seconds=0.032)
     assert policy.draft_times.known() == {3: pytest.approx(0.01 + 0.032 * 2 / 32)}
+
+
+def test_a_plain_streak_skips_the_choice_at_doubling_gaps_up_to_eight(pair):
+    from moespec.decoding.speculation import QUIET_MAX_GAP
+
+    target, draft = pair
+    drafter = PromptLookupDrafter()
+    speculation = Speculation.single(drafter, DraftLengthPolicy("auto", step_times=LOSS))
+    chose = []
+    original = speculation._choose
+
+    def spy(context, limit):
+        chose.append(len(context))
+        return original(context, limit)
+
+    speculation._choose = spy
+    prompt = list(range(3, 13))  # no repeated n-gram: lookup proposes nothing, steps stay plain
+    records = list(generate(target, prompt, max_tokens=40, drafter=speculation))
+    steps = [n - len(prompt) - 1 for n in chose]
+    assert steps == [0, 2, 6, 14, 22, 30] and QUIET_MAX_GAP == 8  # (38: no room to draft)
+    assert all(r.drafted == 0 for r in records[1:])

@@ -18,6 +18,7 @@ from typing import NamedTuple
 
 from moespec.costmodel import expected_tokens
 
+RETABLE = 0.02  # relative change of a running median that updates it (see RunningMedians.add)
 WARM_UP_TRIES = 4  # steps spent at most on measuring each warm-up pass size
 STEADY_FEED = 2  # a draft pass feeding more tokens than this was catching up (not h(k))
 
@@ -47,7 +48,11 @@ class RunningMedians:
         samples = self.samples[key]
         samples.append(value)
         median = statistics.median(samples)
-        if self.medians.get(key) != median:
+        old = self.medians.get(key)
+        # a median that moved by under RETABLE of itself keeps its value: at a quarter of a
+        # millisecond a step, rebuilding every policy's tables on each sample's noise cost
+        # more than a tenth of a plain step
+        if old is None or abs(median - old) > RETABLE * old:
             self.medians = dict(sorted({**self.medians, key: median}.items()))
             self.version += 1
 
