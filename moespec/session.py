@@ -182,6 +182,8 @@ def generate_text(
     if on_text is not None:
         on_text(stream.flush())
     tokens = [t for r in records for t in r.tokens]
+    drafts = getattr(make_speculation, "models", {})
+    models = {"target": model, **{f"draft/{name}": m for name, m in drafts.items()}}
     return GenerateResult(
         model=describe(model_dir),
         draft=draft_name(draft),
@@ -195,20 +197,8 @@ def generate_text(
         batch_invariant=model.batch_invariant,
         summary=arms.summary(records, comparison),
         records=records,
-        compile={
-            "target": compile_report(model),
-            **{
-                f"draft/{name}": compile_report(draft_model)
-                for name, draft_model in getattr(make_speculation, "models", {}).items()
-            },
-        },
-        native={
-            "target": model.native_report(),
-            **{
-                f"draft/{name}": draft_model.native_report()
-                for name, draft_model in getattr(make_speculation, "models", {}).items()
-            },
-        },
+        compile={name: compile_report(m) for name, m in models.items()},
+        native={name: m.native_report() for name, m in models.items()},
     )
 
 

@@ -123,11 +123,13 @@ def unsupported(model) -> str | None:
             t is not None for t in (a.qkv_bias, a.o_bias, a.sinks, a.output_gate)
         ):
             return f"layer {i}'s attention is not in the native pass"
-        sizes = {"head": (c.head_dim,) * 2, "projection": (c.num_heads, c.num_kv_heads)}
-        if c.qk_norm in sizes:
-            want = [n * (c.head_dim if c.qk_norm == "projection" else 1) for n in sizes[c.qk_norm]]
-            if [a.q_norm.numel(), a.k_norm.numel()] != want:
-                return f"layer {i}'s q/k norm weights are not of the native pass's shapes"
+        # [D] each per head; [N D] and [K D] over the projection
+        want = {
+            "head": [c.head_dim, c.head_dim],
+            "projection": [c.num_heads * c.head_dim, c.num_kv_heads * c.head_dim],
+        }.get(c.qk_norm)
+        if want is not None and [a.q_norm.numel(), a.k_norm.numel()] != want:
+            return f"layer {i}'s q/k norm weights are not of the native pass's shapes"
         products += [a.qkv, a.o]
         if isinstance(mlp, MoEBlock):
             e = mlp.experts
