@@ -49,17 +49,46 @@ def tokens_of(records):
     return [t for r in records for t in r.tokens]
 
 
-def test_probes_while_drafting_never_pays_come_at_doubling_gaps():
-    policy = DraftLengthPolicy("auto", step_times=LOSS, prior=(1.0, 9.0), probe_interval=16)
+def probe_gaps(policy, steps):
+    """The plain steps between probes while every probe is rejected at once."""
     probes = []
-    for step in range(1500):
+    for step in range(steps):
         k = policy.choose()
         if k:
             probes.append(step)
-        policy.observe(k, k, 0, 1.0, 0.0)  # every probe rejected at once
-    gaps = [b - a for a, b in zip([-1, *probes], probes, strict=False)]
+        policy.observe(k, k, 0, 1.0, 0.0)
+    return [b - a for a, b in zip([-1, *probes], probes, strict=False)]
+
+
+def test_probes_while_drafting_never_pays_come_at_doubling_gaps():
+    # a one-token draft costs 0.2 plain steps: under both budgets' share of the gaps
+    cheap_loss = [1.0, 1.2, 1.4, 1.6, 1.8]
+    policy = DraftLengthPolicy("auto", step_times=cheap_loss, prior=(1.0, 9.0), probe_interval=16)
+    gaps = probe_gaps(policy, 1500)
     assert gaps[:6] == [17, 33, 65, 129, 257, 257]  # 16, 32, ... plain steps, capped at 256
-    assert len(probes) <= 9  # of 1500 steps
+    assert len(gaps) <= 9  # of 1500 steps
+
+
+def test_a_probe_waits_until_the_budget_has_earned_its_cost():
+    from moespec.decoding.draft_policy import EXPLORE_BUDGET, HOPELESS_BUDGET
+
+    assert (EXPLORE_BUDGET, HOPELESS_BUDGET) == (0.02, 0.005)
+    # A probe (one drafted token) costs 0.5 plain steps. At a = 0.3 + 2 deviations of
+    # Beta(3, 7) (0.58) one draft pays, so the probe waits for 0.5 / 0.02 = 25 plain steps
+    # (not 16); once rejections have brought the optimistic acceptance under the break-even
+    # 0.5 of V(1) = 1.5 (third probe), for 0.5 / 0.005 = 100 (not 64).
+    policy = DraftLengthPolicy("auto", step_times=[1.0, 1.5, 2.0, 2.5, 3.0], prior=(3.0, 7.0))
+    assert probe_gaps(policy, 700)[:5] == [26, 33, 101, 129, 257]
+    # Drafting costs four plain steps a token (LOSS): even at the optimistic acceptance k*
+    # is 0 from the start, so a probe waits 4 / 0.005 = 800 plain steps.
+    policy = DraftLengthPolicy("auto", step_times=LOSS, prior=(1.0, 9.0))
+    assert probe_gaps(policy, 2000) == [801, 801]
+
+
+def test_a_probe_that_is_not_a_draft_is_priced_at_what_it_cost():
+    policy = DraftLengthPolicy("auto", step_times=LOSS, prior=(1.0, 9.0))
+    policy.observe_probe(2.0)  # a catch-up that took two plain steps (LOSS: 0.005 budget)
+    assert probe_gaps(policy, 1000)[:2] == [401, 401]
 
 
 def test_probe_gap_returns_to_its_base_once_drafting_pays():
@@ -153,10 +182,12 @@ def test_plain_steps_run_no_draft_model_pass(pair):
         generate(target, PROMPT, max_tokens=60, drafter=Speculation.single(drafter, policy))
     )
     assert all(r.drafted == 0 for r in records[1:])  # drafting never pays on these V(k)
-    # Greedy probes are catch-up passes scoring the draft, due after 8, then 16, 32 plain
-    # steps, run at the first choice then: a plain streak chooses at steps 0, 2, 6, 14, then
-    # every 8 (QUIET_MAX_GAP), so at steps 14 and 30 (the third would be at 62).
-    assert counted.passes == 2
+    # The first look (a catch-up pass over the last 16 tokens, one timed one-token pass) at
+    # step 0; greedy probes (the same two passes, each costing far under the budget's share
+    # of V(0) = 1 s) due after 8, then 16, 32 plain steps, run at the first choice then: a
+    # plain streak chooses at steps 0, 2, 6, 14, then every 8 (QUIET_MAX_GAP), so at steps
+    # 14 and 30 (the third would be at 62).
+    assert counted.passes == 2 + 2 * 2
     plain = tokens_of(generate(target, PROMPT, max_tokens=60))
     assert tokens_of(records) == plain
 
@@ -315,3 +346,64 @@ def test_a_plain_streak_skips_the_choice_at_doubling_gaps_up_to_eight(pair):
     steps = [n - len(prompt) - 1 for n in chose]
     assert steps == [0, 2, 6, 14, 22, 30] and QUIET_MAX_GAP == 8  # (38: no room to draft)
     assert all(r.drafted == 0 for r in records[1:])
+
+
+def test_a_greedy_model_drafter_first_looks_before_it_drafts(pair):
+    from moespec.decoding.speculation import FIRST_LOOK
+
+    target, draft = pair
+    counted = CountingModel(draft)
+    model = ModelDrafter(counted, Sampler(), target.config.vocab_size)
+    speculation = Speculation.auto([PromptLookupDrafter(), model], prior=(2.0, 2.0))
+    context = list(range(3, 43))  # 40 tokens, no repeated n-gram: lookup has nothing
+    proposal = speculation.propose(context, 8)
+    policy = speculation.policies["model"]
+    assert FIRST_LOOK == 16 and counted.passes == 2  # the look's catch-up, one timed pass
+    assert model.offset == len(context) - FIRST_LOOK  # not the whole 40-token prompt
+    assert model.cached[:-1] == context[-FIRST_LOOK:]  # and one greedy token ahead
+    assert policy.observations == FIRST_LOOK - 1  # every fed position scored
+    assert 1 in policy.draft_times.first and policy.probe_seconds > 0  # h(1), the look's cost
+    assert proposal.drafter != "model"  # tau(2) unknown: the look decides nothing yet
+    # The token ahead is kept when the context continues with it, rolled back when not.
+    ahead = model.cached[-1]
+    assert model.catch_up([*context, ahead]) == (0, 0)
+    other = (ahead + 1) % target.config.vocab_size
+    assert model.catch_up([*context, other])[0] == 1  # `other` replaces the token ahead
+    fresh = ModelDrafter(draft, Sampler(), target.config.vocab_size, max_catch_up=None)
+    fresh.catch_up([*context, other][model.offset :])
+    torch.testing.assert_close(model.next_logits, fresh.next_logits, rtol=1e-5, atol=1e-5)
+
+
+def test_a_model_s_warm_up_waits_for_the_cheap_drafter_to_measure_pass_sizes(pair):
+    from moespec.decoding.speculation import WARM_UP_WAIT
+
+    target, draft = pair
+    model = ModelDrafter(draft, Sampler(), target.config.vocab_size)
+    speculation = Speculation.auto([PromptLookupDrafter(), model], prior=(9.0, 1.0))
+    context = list(range(3, 13))
+    chosen = []
+    for token in range(13, 13 + WARM_UP_WAIT + 1):  # no repeated n-gram: lookup has nothing
+        proposal = speculation._choose(context, 8)
+        chosen.append(proposal.drafter)
+        speculation.observe(proposal, 0, [token], 0.001)
+        context.append(token)
+    # Pass size 2 is unmeasured, so the (optimistic) model would warm up at once; it waits
+    # WARM_UP_WAIT choices for lookup, which a pass of 2 tokens would cost the same.
+    assert chosen[:WARM_UP_WAIT] == [None] * WARM_UP_WAIT and chosen[-1] == "model"
+
+
+def test_a_plain_step_that_skips_the_choice_only_counts_as_idle():
+    speculation = Speculation.single(
+        PromptLookupDrafter(), DraftLengthPolicy("auto", step_times=LOSS)
+    )
+    policy = speculation.policies["lookup"]
+    context = list(range(3, 13))
+    chosen = speculation.propose(context, 8)  # chosen: plain (LOSS), the streak starts
+    speculation.observe(chosen, 0, [20], 1.0)
+    speculation.observe(chosen, 0, [21], 1.0)  # tau(1) recorded (its first sample dropped)
+    skipped = speculation.propose(context, 8)
+    assert skipped is speculation.unchosen and skipped.drafter is None
+    idle = policy.idle_streak
+    speculation.observe(skipped, 0, [22], 9.0)
+    assert policy.idle_streak == idle + 1
+    assert speculation.verify_times.known() == {1: 1.0}  # the skipped step's 9 s not taken

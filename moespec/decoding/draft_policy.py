@@ -9,7 +9,12 @@ Speculation must not lose where it does not pay, so exploring costs a bounded bu
 plan only pass sizes 1 (plain steps, free) and 2 are measured before deciding, the far end
 k_max + 1 only once k* >= 2 has been chosen on its own; and while k* = 0 a probe (one draft, or a
 cheaper piece of evidence, see `moespec.decoding.speculation`) comes after `probe_interval`
-plain steps, the gap doubling after every probe that leaves k* at 0.
+plain steps, the gap doubling after every probe that leaves k* at 0, and never sooner than the
+probe's own cost allows: a probe may cost EXPLORE_BUDGET of the plain decoding since the last
+one, and HOPELESS_BUDGET once even an optimistic acceptance (the posterior mean plus OPTIMISM
+deviations) gives k* = 0, that is, once the drafter's costs alone rule it out. On the demo
+target a draft-model probe (a catch-up of 32 tokens) costs 2 ms, seven plain steps; at the
+doubling gaps alone, probes took 25 ms of 757 ms over eight 256-token generations.
 """
 
 import statistics
@@ -21,6 +26,12 @@ from moespec.costmodel import expected_tokens
 RETABLE = 0.02  # relative change of a running median that updates it (see RunningMedians.add)
 WARM_UP_TRIES = 4  # steps spent at most on measuring each warm-up pass size
 STEADY_FEED = 2  # a draft pass feeding more tokens than this was catching up (not h(k))
+# Exploring while k* = 0 costs at most these fractions of the plain decoding time between
+# probes (DraftLengthPolicy.probe_due): a drafter that could pay at its optimistic
+# acceptance, and one that could not (only drift in the costs or the text brings it back).
+EXPLORE_BUDGET = 0.02
+HOPELESS_BUDGET = 0.005
+OPTIMISM = 2.0  # the optimistic acceptance: the posterior mean plus this many deviations
 
 
 class RunningMedians:
@@ -194,6 +205,8 @@ class DraftLengthPolicy:
         self.probe_gap = probe_interval
         self.since_probe = 0
         self.probes = 0
+        self.observations = 0  # draft positions seen (verified or scored)
+        self.probe_seconds: float | None = None  # what a probe cost, when it was not a draft
         self.has_paid = False  # k* >= 2 chosen on the evidence: the far end is worth a step
         self.warm_tries = defaultdict(int)
         self._table_key = self._table = None
@@ -202,6 +215,14 @@ class DraftLengthPolicy:
     def acceptance_estimate(self) -> float:
         """Posterior mean of the geometric acceptance rate."""
         return self.accepted / (self.accepted + self.rejected)
+
+    @property
+    def optimistic_acceptance(self) -> float:
+        """The posterior mean plus OPTIMISM standard deviations of the Beta posterior (a normal
+        reading of its upper tail), below 1: the acceptance a probe could still reveal."""
+        a, b = self.accepted, self.rejected
+        deviation = (a * b / ((a + b) ** 2 * (a + b + 1))) ** 0.5
+        return min(self.acceptance_estimate + OPTIMISM * deviation, 0.999)
 
     def step_times(self) -> list[float] | None:
         """V(0..k_max): given, or tau from the plan and h measured, or both measured (None
@@ -263,13 +284,30 @@ class DraftLengthPolicy:
         table = table[: k_max + 1]
         best, value = _best_in_floats(table, min(self.acceptance_estimate, 0.999))
         if best == 0:
-            if self.idle_streak >= self.probe_gap:
+            if self.probe_due(table):
                 return Plan(1, value, "probe")
             return Plan(0, value)
         if self.since_probe + 1 >= self.probe_interval:
             neighbour = best - 1 if self.probes % 2 == 0 else best + 1
             return Plan(min(max(neighbour, 0), k_max), value, "neighbour")
         return Plan(best, value)
+
+    def probe_due(self, table: list[float]) -> bool:
+        """While k* = 0: whether the plain steps since the last evidence earn a probe. The gap
+        is `probe_gap` (doubling) steps, and at least the probe's cost over the budget's share
+        of a plain step: EXPLORE_BUDGET, or HOPELESS_BUDGET when even the optimistic
+        acceptance gives k* = 0. A probe costs `probe_seconds` when it is not a draft (a
+        greedy catch-up, `observe_probe`), else a one-token draft step over a plain one."""
+        if self.idle_streak < self.probe_gap:
+            return False
+        cost = self.probe_seconds
+        if cost is None and len(table) > 1:
+            cost = table[1] - table[0]
+        if not cost or cost <= 0:
+            return True
+        hopeless = _best_in_floats(table, self.optimistic_acceptance)[0] == 0
+        budget = HOPELESS_BUDGET if hopeless else EXPLORE_BUDGET
+        return self.idle_streak * table[0] * budget >= cost
 
     def choose(self, limit: int | None = None) -> int:
         """plan(limit).draft_length, counting the probe it may be."""
@@ -366,10 +404,18 @@ class DraftLengthPolicy:
         observed = agreed + disagreed
         if not observed:
             return
+        self.observations += observed
         self.idle_streak = 0
         keep = self.forgetting**observed
         self.accepted = self.accepted * keep + agreed
         self.rejected = self.rejected * keep + disagreed
+
+    def observe_probe(self, seconds: float, one_token_seconds: float | None = None) -> None:
+        """A probe that was not a draft step took `seconds` (the price of the next one);
+        one_token_seconds: a one-token draft pass timed with it, a sample of h(1)."""
+        self.probe_seconds = seconds
+        if one_token_seconds is not None:
+            self.draft_times.add(1, one_token_seconds)
 
     def observe_idle(self) -> None:
         """A plain step the drafter could have drafted in."""

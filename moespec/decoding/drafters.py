@@ -63,10 +63,14 @@ class ModelDrafter(Drafter):
         self.offset = 0  # the context position of cached[0]
         self.next_logits: torch.Tensor | None = None  # [V] after cached[-1]
 
-    def catch_up(self, context: list[int], evidence: bool = False) -> tuple[int, int]:
+    def catch_up(
+        self, context: list[int], evidence: bool = False, first_window: int | None = None
+    ) -> tuple[int, int]:
         """Feed the context's tokens the cache lacks, in one pass. Returns (fed, agreed):
         with `evidence`, agreed counts the fed positions whose greedy prediction equals the
-        context's next token (free evidence on greedy acceptance); else 0."""
+        context's next token (free evidence on greedy acceptance); else 0. first_window: a
+        first feed (an empty cache) is at most the context's last this many tokens, not all
+        of it (a look at the draft that costs what it costs however long the prompt)."""
         # the cache holds context[offset:] as far as it agrees (offset > 0 after a fresh start)
         if self.offset >= len(context):  # a context that no longer reaches the window
             self.offset, self.cached = 0, []
@@ -78,13 +82,11 @@ class ModelDrafter(Drafter):
         if common == len(window) == len(self.cached) and self.next_logits is not None:
             return 0, 0
         common = min(common, len(window) - 1)  # the last token is fed for its logits
-        if (
-            self.max_catch_up is not None
-            and self.cached  # the first feed (the prompt) is whole
-            and len(window) - common > self.max_catch_up
-        ):
-            # a fresh cache on the context's last max_catch_up tokens
-            self.offset = len(context) - self.max_catch_up
+        # the first feed (the prompt) is whole unless first_window says otherwise
+        restart = self.max_catch_up if self.cached else first_window
+        if restart is not None and len(window) - common > restart:
+            # a fresh cache on the context's last `restart` tokens
+            self.offset = len(context) - restart
             window, common = context[self.offset :], 0
         self.cache.rollback(common)
         del self.cached[common:]
@@ -97,6 +99,19 @@ class ModelDrafter(Drafter):
             return len(feed), 0
         predicted = logits[:-1].argmax(-1).tolist()
         return len(feed), sum(p == t for p, t in zip(predicted, feed[1:], strict=True))
+
+    def draft_ahead(self) -> float:
+        """Run one greedy one-token draft pass past the cache's end (the next token a greedy
+        draft would propose second) and return its seconds: h(1) measured without a draft.
+        A later catch-up keeps it if the context continues with that token, else rolls it
+        back."""
+        token = int(self.next_logits.argmax())
+        start = time.perf_counter()
+        logits = self.model(torch.tensor([token]), self.cache, kernel="slot")[0, -1]
+        seconds = time.perf_counter() - start
+        self.cached.append(token)
+        self.next_logits = logits
+        return seconds
 
     def propose(self, context: list[int], k: int) -> Draft:
         if k == 0:

@@ -15,10 +15,19 @@ Evidence comes as cheaply as it can:
   chance that the emitted token is x);
 - a model drafter at k* = 0 is probed, under greedy decoding, by catching up on the tokens it
   missed in one batched pass (at most its last 32: `ModelDrafter.max_catch_up`) and
-  scoring its greedy predictions at those positions, not by a speculative step; under
-  sampling a probe is a one-token draft. The probe gap doubles after every probe that
-  leaves k* = 0 (`DraftLengthPolicy`), and only plain steps count towards
-  it: while another drafter drafts, a probe would cost a step that already pays.
+  scoring its greedy predictions at those positions, not by a speculative step, then timing
+  one one-token draft pass (a sample of h(1)); under sampling a probe is a one-token draft.
+  The probe gap doubles after every probe that leaves k* = 0, and a probe costs at most a
+  small share of the plain decoding between probes (`DraftLengthPolicy.probe_due`); only
+  plain steps count towards it: while another drafter drafts, a probe would cost a step
+  that already pays;
+- a greedy model drafter's first look is such a probe, over the context's last FIRST_LOOK
+  tokens (not the whole prompt), before it drafts at all: its acceptance and h(1) then
+  decide whether it is worth a speculative step (on the demo pair the look costs 1.3 ms, a
+  first speculative step with the prompt's catch-up 3 ms, and 15 positions already show
+  that the draft cannot pay). Its warm-up steps (pass sizes not yet measured) wait while a
+  cheap drafter can measure them, for at most WARM_UP_WAIT choices: a pass of n tokens
+  costs the same whoever drafted it.
 """
 
 import time
@@ -30,6 +39,8 @@ from moespec.decoding.drafters import Draft, Drafter, ModelDrafter, PromptLookup
 
 CHEAP = (PromptLookupDrafter,)  # proposing costs microseconds: propose before choosing
 QUIET_MAX_GAP = 8  # the longest run of plain steps without a choice (see Speculation)
+WARM_UP_WAIT = 32  # choices a model drafter's warm-up waits for a cheap drafter's
+FIRST_LOOK = 16  # context tokens a greedy model drafter's first look feeds (see Speculation)
 
 
 @dataclass
@@ -69,6 +80,15 @@ class Speculation:
         # and choosing (lookup's proposal, every option's plan) 0.08 ms, plus the cache it
         # disturbs: 0.1 ms more on the target pass after it (benchmarks/real_draft_eval.py).
         self.quiet, self.quiet_gap = 0, 1
+        # A plain step of a streak that skips the choice: one shared proposal, which `observe`
+        # counts as an idle step and nothing more (its verify time is not recorded: tau(1)
+        # comes from the streak's chosen steps, at least one in QUIET_MAX_GAP). At 0.25 ms a
+        # demo target step, the proposal, a running median and every policy's bookkeeping
+        # came to 16 us a plain step, 6% of plain decoding.
+        self.unchosen = Proposal(None, 0, Draft([]), {})
+        self.choices = 0
+        self.looked: set[str] = set()  # options whose first look has run
+        self.cheap = any(isinstance(o.drafter, CHEAP) for o in self.options.values())
 
     @classmethod
     def single(cls, drafter: Drafter, policy: DraftLengthPolicy | None = None) -> "Speculation":
@@ -97,7 +117,7 @@ class Speculation:
             return Proposal(None, 0, Draft([]), {})
         if self.quiet < self.quiet_gap - 1:
             self.quiet += 1
-            return Proposal(None, 0, Draft([]), {})
+            return self.unchosen
         self.quiet = 0
         proposal = self._choose(context, limit)
         plain = proposal.drafter is None
@@ -106,6 +126,7 @@ class Speculation:
 
     def _choose(self, context: list[int], limit: int) -> Proposal:
         plans, shadows, seconds = {}, {}, {}
+        self.choices += 1
         for name, option in self.options.items():
             policy, cap = option.policy, limit
             if isinstance(option.drafter, CHEAP):
@@ -116,9 +137,19 @@ class Speculation:
                 cap = len(shadows[name])
                 if cap == 0:
                     continue  # nothing to propose: not an option this step
+            if name not in self.looked and policy.fixed is None and policy.observations == 0:
+                self.looked.add(name)  # the plan below reads what the first look saw
+                self._probe_for_free(option, context, first=True)
             plans[name] = plan = policy.plan(cap)
             if plan.probe == "probe" and self._probe_for_free(option, context):
                 plans[name] = policy.plan(cap)  # decide again on the new evidence
+            elif (
+                plan.probe == "warm-up"
+                and self.cheap
+                and not isinstance(option.drafter, CHEAP)
+                and self.choices <= WARM_UP_WAIT
+            ):
+                plans[name] = Plan(0, None)  # the cheap drafters measure pass sizes first
         name, plan = self._best(plans)
         if name is None or plan.draft_length == 0:
             if name is not None:
@@ -134,14 +165,22 @@ class Speculation:
             seconds[name] = time.perf_counter() - start
         return Proposal(name, plan.draft_length, draft, shadows, seconds[name])
 
-    def _probe_for_free(self, option: Option, context: list[int]) -> bool:
-        """A greedy model drafter's probe: catch up and score its predictions (no draft)."""
+    def _probe_for_free(self, option: Option, context: list[int], first: bool = False) -> bool:
+        """A greedy model drafter's probe: catch up and score its predictions (no draft),
+        then time one one-token draft pass; first: the first look, over the context's last
+        FIRST_LOOK tokens. False (nothing run) for other drafters and under sampling."""
         drafter = option.drafter
         if not isinstance(drafter, ModelDrafter) or not drafter.sampler.greedy:
             return False
-        fed, agreed = drafter.catch_up(context, evidence=True)
-        option.policy.commit(Plan(1, None, "probe"))
+        start = time.perf_counter()
+        window = FIRST_LOOK if first else None
+        fed, agreed = drafter.catch_up(context, evidence=True, first_window=window)
+        caught_up = time.perf_counter() - start
+        one_token = drafter.draft_ahead()
+        if not first:
+            option.policy.commit(Plan(1, None, "probe"))
         option.policy.observe_agreement(agreed, max(fed - 1 - agreed, 0))
+        option.policy.observe_probe(caught_up + one_token, one_token)
         return True
 
     def _best(self, plans: dict[str, Plan]) -> tuple[str | None, Plan | None]:
@@ -167,6 +206,10 @@ class Speculation:
         """Record a step: the verify time once, the acceptance and draft time h(k) (the
         drafter's own `proposal.seconds`, without the choosing) of the drafter that ran, and
         each cheap drafter's unused proposal scored against the emitted tokens."""
+        if proposal is self.unchosen:
+            for option in self.options.values():
+                option.policy.observe_idle()
+            return
         drafted = len(proposal.draft.tokens)
         self.verify_times.add(drafted + 1, verify_seconds)
         for name, option in self.options.items():
