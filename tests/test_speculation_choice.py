@@ -354,8 +354,8 @@ def test_a_greedy_model_drafter_first_looks_before_it_drafts(pair):
     target, draft = pair
     counted = CountingModel(draft)
     model = ModelDrafter(counted, Sampler(), target.config.vocab_size)
-    speculation = Speculation.auto([PromptLookupDrafter(), model], prior=(2.0, 2.0))
-    context = list(range(3, 43))  # 40 tokens, no repeated n-gram: lookup has nothing
+    speculation = Speculation.auto([model], prior=(2.0, 2.0))  # no cheap drafter to wait for
+    context = list(range(3, 43))  # 40 tokens
     proposal = speculation.propose(context, 8)
     policy = speculation.policies["model"]
     assert FIRST_LOOK == 16 and counted.passes == 2  # the look's catch-up, one timed pass
@@ -363,7 +363,7 @@ def test_a_greedy_model_drafter_first_looks_before_it_drafts(pair):
     assert model.cached[:-1] == context[-FIRST_LOOK:]  # and one greedy token ahead
     assert policy.observations == FIRST_LOOK - 1  # every fed position scored
     assert 1 in policy.draft_times.first and policy.probe_seconds > 0  # h(1), the look's cost
-    assert proposal.drafter != "model"  # tau(2) unknown: the look decides nothing yet
+    assert proposal.drafter is None  # tau(2) unknown: no draft before a warm-up
     # The token ahead is kept when the context continues with it, rolled back when not.
     ahead = model.cached[-1]
     assert model.catch_up([*context, ahead]) == (0, 0)
@@ -407,3 +407,77 @@ def test_a_plain_step_that_skips_the_choice_only_counts_as_idle():
     speculation.observe(skipped, 0, [22], 9.0)
     assert policy.idle_streak == idle + 1
     assert speculation.verify_times.known() == {1: 1.0}  # the skipped step's 9 s not taken
+
+
+def test_the_first_look_waits_for_verify_times_and_is_priced_when_bytes_rule_the_draft_out(pair):
+    from moespec.decoding.draft_policy import HOPELESS_BUDGET
+    from moespec.decoding.speculation import FIRST_LOOK, WARM_UP_WAIT
+
+    target, draft = pair
+    model = ModelDrafter(draft, Sampler(), target.config.vocab_size)
+    speculation = Speculation.auto([PromptLookupDrafter(), model], prior=(2.0, 2.0))
+    option = speculation.options["model"]
+    policy = option.policy
+    assert not speculation._look_due(option)  # tau(n) unknown, and lookup can measure it
+    speculation.choices = WARM_UP_WAIT + 1
+    assert speculation._look_due(option)  # lookup had its chances
+    speculation.choices = 0
+    for n in range(1, 10):
+        for _ in range(2):  # (the first sample of each size is dropped)
+            speculation.verify_times.add(n, 1.0 + 0.5 * (n - 1))
+    # A draft of 0.6 the target's bytes: h(k) = 0.6 k s. At the optimistic acceptance of
+    # Beta(2, 2), 0.5 + 2 * 0.2236 = 0.947, one draft gives 1.947 / (1.5 + 0.6) < 1 token
+    # a second and eight (1 - 0.947^9) / 0.053 = 7.1 / (5 + 4.8) < 1: the bytes rule it out.
+    policy.draft_byte_ratio = 0.6
+    assert policy.step_times()[1] == pytest.approx(2.1) and policy.hopeless(policy.step_times())
+    # So the look is a hopeless probe of 16 draft steps (9.6 s) at 0.5% of tau(1) = 1 s a
+    # plain step: 1,920 plain steps.
+    assert (FIRST_LOOK, HOPELESS_BUDGET) == (16, 0.005)
+    policy.idle_streak = 1919
+    assert not speculation._look_due(option)
+    policy.idle_streak = 1920
+    assert speculation._look_due(option)
+    policy.idle_streak = 0
+    policy.draft_byte_ratio = 0.05  # a draft this small could pay: look at once
+    policy._table_key = None
+    assert speculation._look_due(option)
+
+
+def test_the_factory_gives_a_draft_model_its_byte_ratio(checkpoint_dir):
+    from moespec.decoding.setup import speculation_factory
+
+    target, tokenizer = load_model(checkpoint_dir("qwen3_moe")[0], dtype="fp32")
+    draft_dir = checkpoint_dir("qwen3")[0]
+    make = speculation_factory(
+        f"auto:{draft_dir}",
+        target=target,
+        tokenizer=tokenizer,
+        sampler=Sampler(),
+        prompt=[1, 2, 3],
+        max_tokens=8,
+        dtype="fp32",
+    )
+    policies = make().policies
+    draft = make.models["model"]
+    assert policies["model"].draft_byte_ratio == draft.step_bytes() / target.step_bytes()
+    assert policies["lookup"].draft_byte_ratio is None  # lookup reads no weights
+    # one pass of one token: the dense bytes and top-k experts of each MoE layer
+    c = target.config
+    top_k = sum(c.top_k * b.experts.bytes_per_expert for b in target.moe_blocks.values())
+    assert target.step_bytes() == target.parameter_bytes()["dense"] + top_k > top_k
+
+
+def test_a_median_that_moves_by_microseconds_keeps_the_tables():
+    from moespec.decoding.draft_policy import RETABLE_SECONDS, RunningMedians
+
+    medians = RunningMedians()
+    for seconds in (1e-5, 1e-5, 1e-5):  # lookup's h(1): 10 us (the first sample dropped)
+        medians.add(1, seconds)
+    version = medians.version
+    medians.add(1, 1.3e-5)
+    medians.add(1, 1.3e-5)  # median 11.5 us: 15% up, but 1.5 us, under RETABLE_SECONDS
+    assert RETABLE_SECONDS == 2e-6 and medians.version == version
+    assert medians.known() == {1: 1e-5}
+    medians.add(1, 1.3e-5)
+    medians.add(1, 1.3e-5)  # median 13 us: 3 us up
+    assert medians.version > version and medians.known() == {1: 1.3e-5}

@@ -24,6 +24,7 @@ from typing import NamedTuple
 from moespec.costmodel import expected_tokens
 
 RETABLE = 0.02  # relative change of a running median that updates it (see RunningMedians.add)
+RETABLE_SECONDS = 2e-6  # and absolute: lookup's h(k) of some 10 us moved by 2% every step
 WARM_UP_TRIES = 4  # steps spent at most on measuring each warm-up pass size
 STEADY_FEED = 2  # a draft pass feeding more tokens than this was catching up (not h(k))
 # Exploring while k* = 0 costs at most these fractions of the plain decoding time between
@@ -60,10 +61,10 @@ class RunningMedians:
         samples.append(value)
         median = statistics.median(samples)
         old = self.medians.get(key)
-        # a median that moved by under RETABLE of itself keeps its value: at a quarter of a
-        # millisecond a step, rebuilding every policy's tables on each sample's noise cost
-        # more than a tenth of a plain step
-        if old is None or abs(median - old) > RETABLE * old:
+        # a median that moved by under RETABLE of itself (or RETABLE_SECONDS) keeps its
+        # value: at a quarter of a millisecond a step, rebuilding every policy's tables on
+        # each sample's noise cost more than a tenth of a plain step
+        if old is None or abs(median - old) > max(RETABLE * old, RETABLE_SECONDS):
             self.medians = dict(sorted({**self.medians, key: median}.items()))
             self.version += 1
 
@@ -206,6 +207,9 @@ class DraftLengthPolicy:
         self.since_probe = 0
         self.probes = 0
         self.observations = 0  # draft positions seen (verified or scored)
+        # h(k) before any draft time is measured: k draft steps of this share of tau(1) (the
+        # draft's bytes over the target's, `Speculation.auto`); None: unknown, taken as free
+        self.draft_byte_ratio: float | None = None
         self.probe_seconds: float | None = None  # what a probe cost, when it was not a draft
         self.has_paid = False  # k* >= 2 chosen on the evidence: the far end is worth a step
         self.warm_tries = defaultdict(int)
@@ -240,13 +244,12 @@ class DraftLengthPolicy:
         k_max = self.max_draft_length
         if self.plan_verify_times is None:
             verifies = self.verify_times.curve(range(1, k_max + 2))
+        else:
+            verifies = self.plan_verify_times
         drafts = self.draft_times.curve(range(k_max + 1), anchor=(0, 0.0))
         floor = 0.0
         for k in range(k_max + 1):
-            if self.plan_verify_times is not None:
-                verify = self.plan_verify_times[k]
-            else:
-                verify = verifies[k]
+            verify = verifies[k]
             if k in measured:
                 draft = measured[k]
             elif self.plan_draft_times is not None and k < len(self.plan_draft_times):
@@ -255,7 +258,10 @@ class DraftLengthPolicy:
                 draft = drafts[k]
             else:  # nothing measured yet: a drafter that drafts rarely (a model between
                 # plain steps) would otherwise go long on an h(k) of zero, as if free
-                draft = self.draft_times.provisional(k) or 0.0
+                draft = self.draft_times.provisional(k)
+                if draft is None and self.draft_byte_ratio is not None and verifies[0]:
+                    draft = k * self.draft_byte_ratio * verifies[0]  # bytes over bytes
+                draft = draft or 0.0
             if verify is None:
                 return None
             # a pass of more tokens is never cheaper: noise between two measured sizes
@@ -305,9 +311,12 @@ class DraftLengthPolicy:
             cost = table[1] - table[0]
         if not cost or cost <= 0:
             return True
-        hopeless = _best_in_floats(table, self.optimistic_acceptance)[0] == 0
-        budget = HOPELESS_BUDGET if hopeless else EXPLORE_BUDGET
+        budget = HOPELESS_BUDGET if self.hopeless(table) else EXPLORE_BUDGET
         return self.idle_streak * table[0] * budget >= cost
+
+    def hopeless(self, table: list[float]) -> bool:
+        """Whether k* = 0 even at the optimistic acceptance: the costs alone rule drafting out."""
+        return _best_in_floats(table, self.optimistic_acceptance)[0] == 0
 
     def choose(self, limit: int | None = None) -> int:
         """plan(limit).draft_length, counting the probe it may be."""

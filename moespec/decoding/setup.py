@@ -141,6 +141,7 @@ def speculation_factory(
     else:
         specs = {None: spec}
     makers = {name: drafter_factory(s, **settings) for name, s in specs.items()}
+    target_bytes = settings["target"].step_bytes()
 
     def make() -> Speculation:
         shared = RunningMedians()
@@ -149,6 +150,8 @@ def speculation_factory(
             drafter = maker()
             draft_dir = specs[name] if isinstance(drafter, ModelDrafter) else None
             policy = draft_length_policy(draft_length, max_draft_length, plan, draft_dir, shared)
+            if isinstance(drafter, ModelDrafter):  # h(k) before it is measured
+                policy.draft_byte_ratio = drafter.model.step_bytes() / target_bytes
             options[drafter.name] = Option(drafter, policy)
         return Speculation(options)
 

@@ -25,16 +25,23 @@ Evidence comes as cheaply as it can:
   tokens (not the whole prompt), before it drafts at all: its acceptance and h(1) then
   decide whether it is worth a speculative step (on the demo pair the look costs 1.3 ms, a
   first speculative step with the prompt's catch-up 3 ms, and 15 positions already show
-  that the draft cannot pay). Its warm-up steps (pass sizes not yet measured) wait while a
-  cheap drafter can measure them, for at most WARM_UP_WAIT choices: a pass of n tokens
-  costs the same whoever drafted it.
+  that the draft cannot pay). The look and the draft's warm-up steps (pass sizes not yet
+  measured) wait while a cheap drafter can measure them, for at most WARM_UP_WAIT choices:
+  a pass of n tokens costs the same whoever drafted it. When the draft's bytes alone rule it
+  out (`DraftLengthPolicy.draft_byte_ratio`: h(k) estimated as k steps of tau(1) times the
+  draft's bytes per token over the target's), the look is priced as a hopeless probe.
 """
 
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from moespec.decoding.draft_policy import DraftLengthPolicy, Plan, RunningMedians
+from moespec.decoding.draft_policy import (
+    HOPELESS_BUDGET,
+    DraftLengthPolicy,
+    Plan,
+    RunningMedians,
+)
 from moespec.decoding.drafters import Draft, Drafter, ModelDrafter, PromptLookupDrafter
 
 CHEAP = (PromptLookupDrafter,)  # proposing costs microseconds: propose before choosing
@@ -138,6 +145,8 @@ class Speculation:
                 if cap == 0:
                     continue  # nothing to propose: not an option this step
             if name not in self.looked and policy.fixed is None and policy.observations == 0:
+                if not self._look_due(option):
+                    continue  # not an option until it has been looked at
                 self.looked.add(name)  # the plan below reads what the first look saw
                 self._probe_for_free(option, context, first=True)
             plans[name] = plan = policy.plan(cap)
@@ -164,6 +173,24 @@ class Speculation:
             draft = option.drafter.propose(context, plan.draft_length)
             seconds[name] = time.perf_counter() - start
         return Proposal(name, plan.draft_length, draft, shadows, seconds[name])
+
+    def _look_due(self, option: Option) -> bool:
+        """Whether a greedy model drafter's first look runs now. It waits while the verify
+        times are unknown and a cheap drafter can measure them (WARM_UP_WAIT choices at
+        most); and when the draft's bytes (`DraftLengthPolicy.draft_byte_ratio`) already
+        rule it out at the optimistic acceptance, it is priced like a hopeless probe, at
+        FIRST_LOOK draft steps of the byte estimate. Other drafters: at once (a no-op)."""
+        drafter, policy = option.drafter, option.policy
+        if not isinstance(drafter, ModelDrafter) or not drafter.sampler.greedy:
+            return True
+        table = policy.step_times()
+        if table is None:
+            return not self.cheap or self.choices > WARM_UP_WAIT
+        ratio = policy.draft_byte_ratio
+        if ratio is None or len(table) < 2 or not policy.hopeless(table):
+            return True
+        estimate = FIRST_LOOK * ratio * table[0]
+        return policy.idle_streak * table[0] * HOPELESS_BUDGET >= estimate
 
     def _probe_for_free(self, option: Option, context: list[int], first: bool = False) -> bool:
         """A greedy model drafter's probe: catch up and score its predictions (no draft),
