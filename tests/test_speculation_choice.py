@@ -481,3 +481,18 @@ def test_a_median_that_moves_by_microseconds_keeps_the_tables():
     medians.add(1, 1.3e-5)
     medians.add(1, 1.3e-5)  # median 13 us: 3 us up
     assert medians.version > version and medians.known() == {1: 1.3e-5}
+
+
+def test_the_server_gives_a_draft_model_its_byte_ratio_too(checkpoint_dir):
+    from moespec.decoding.setup import draft_byte_ratio
+    from moespec.serve.speculation import build_speculation
+
+    target, tokenizer = load_model(checkpoint_dir("qwen3_moe")[0], dtype="fp32")
+    draft_dir = checkpoint_dir("qwen3")[0]
+    speculation = build_speculation(
+        f"auto:{draft_dir}", target=target, tokenizer=tokenizer, dtype="fp32"
+    )
+    policies = speculation.drafter(Sampler(), [1, 2, 3], 8, seed=0).policies
+    ratio = draft_byte_ratio(speculation.draft_model, target)
+    assert policies["model"].draft_byte_ratio == ratio and 0 < ratio
+    assert policies["lookup"].draft_byte_ratio is None

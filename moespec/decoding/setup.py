@@ -141,7 +141,6 @@ def speculation_factory(
     else:
         specs = {None: spec}
     makers = {name: drafter_factory(s, **settings) for name, s in specs.items()}
-    target_bytes = settings["target"].step_bytes()
 
     def make() -> Speculation:
         shared = RunningMedians()
@@ -150,13 +149,19 @@ def speculation_factory(
             drafter = maker()
             draft_dir = specs[name] if isinstance(drafter, ModelDrafter) else None
             policy = draft_length_policy(draft_length, max_draft_length, plan, draft_dir, shared)
-            if isinstance(drafter, ModelDrafter):  # h(k) before it is measured
-                policy.draft_byte_ratio = drafter.model.step_bytes() / target_bytes
+            if isinstance(drafter, ModelDrafter):
+                policy.draft_byte_ratio = draft_byte_ratio(drafter.model, settings["target"])
             options[drafter.name] = Option(drafter, policy)
         return Speculation(options)
 
     make.models = {name or "model": m.model for name, m in makers.items() if hasattr(m, "model")}
     return make
+
+
+def draft_byte_ratio(draft_model: Transformer, target: Transformer) -> float:
+    """The draft's weight bytes per token over the target's: its h(k) before it is measured
+    is k steps of this share of tau(1) (`DraftLengthPolicy.draft_byte_ratio`)."""
+    return draft_model.step_bytes() / target.step_bytes()
 
 
 def draft_length_policy(

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from moespec.decoding import ModelDrafter, PromptLookupDrafter, Sampler
 from moespec.decoding.draft_policy import RunningMedians
 from moespec.decoding.setup import (
+    draft_byte_ratio,
     draft_length_policy,
     draft_name,
     drafter_factory,
@@ -91,6 +92,8 @@ class Speculation:
             policy = draft_length_policy(
                 self.draft_length, self.max_draft_length, self.plan, model_dir, self.verify_times
             )
+            if isinstance(drafter, ModelDrafter):
+                policy.draft_byte_ratio = draft_byte_ratio(drafter.model, self.target)
             options[drafter.name] = Option(drafter, policy)
         return Choice(options)
 
