@@ -494,5 +494,5 @@ def test_the_server_gives_a_draft_model_its_byte_ratio_too(checkpoint_dir):
     )
     policies = speculation.drafter(Sampler(), [1, 2, 3], 8, seed=0).policies
     ratio = draft_byte_ratio(speculation.draft_model, target)
-    assert policies["model"].draft_byte_ratio == ratio and 0 < ratio
+    assert policies["model"].draft_byte_ratio == ratio and ratio > 0
     assert policies["lookup"].draft_byte_ratio is None
