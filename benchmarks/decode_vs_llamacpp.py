@@ -177,9 +177,8 @@ def gguf_files(directory: Path, cache_dir: Path) -> dict[str, Path]:
 
 def moespec_step_bytes(model, depth: int) -> int:
     c = model.config
-    experts = sum(c.top_k * b.experts.bytes_per_expert for b in model.moe_blocks.values())
     kv = c.num_layers * 2 * c.num_kv_heads * c.head_dim * depth * model.embed.element_size()
-    return model.parameter_bytes()["dense"] + experts + kv
+    return model.step_bytes() + kv
 
 
 def gguf_step_bytes(path: Path, config, depth: int) -> int:

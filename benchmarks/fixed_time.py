@@ -137,10 +137,8 @@ def step_bytes(directory, depth: int) -> int:
     from moespec.models import load_model
 
     model, _ = load_model(directory, dtype="bf16", pack=False)
-    c = model.config
-    experts = sum(c.top_k * b.experts.bytes_per_expert for b in model.moe_blocks.values())
-    kv = c.num_layers * model.new_cache(capacity=1).layer_bytes(depth)  # MLA: latent rows
-    return model.parameter_bytes()["dense"] + experts + kv
+    kv = model.config.num_layers * model.new_cache(capacity=1).layer_bytes(depth)  # MLA: latent
+    return model.step_bytes() + kv
 
 
 def gemv_bandwidth(threads: int) -> float:

@@ -65,13 +65,6 @@ def transformers_run(model, prompt):
     return run
 
 
-def per_token_bytes(model) -> int:
-    """Dense bytes plus m experts of every MoE layer, as held (int8 values and scales)."""
-    blocks = model.moe_blocks.values()
-    expert = sum(b.top_k * b.experts.bytes_per_expert for b in blocks)
-    return model.parameter_bytes()["dense"] + expert
-
-
 def paired(samples: dict, numerator: str, denominator: str) -> dict:
     """Speedup of `denominator` over `numerator` per round: time ratio, median and range."""
     return ratio_range(
@@ -163,7 +156,8 @@ def main(argv=None) -> int:
 
         hf = transformers.AutoModelForCausalLM.from_pretrained(path, dtype=torch.bfloat16).eval()
         engines["transformers-bf16"] = transformers_run(hf, prompt)
-    nbytes = {f"moespec-{f}": per_token_bytes(m) for f, m in models.items()}
+    # dense bytes plus m experts per MoE layer, as held (int8 values and scales)
+    nbytes = {f"moespec-{f}": m.step_bytes() for f, m in models.items()}
     nbytes["transformers-bf16"] = nbytes["moespec-bf16"]
 
     torch.set_num_threads(1)  # agreement is counted, not timed: one thread is enough

@@ -141,6 +141,11 @@ def speculation_factory(
     else:
         specs = {None: spec}
     makers = {name: drafter_factory(s, **settings) for name, s in specs.items()}
+    ratios = {  # the draft models' h(k) before it is measured
+        name: draft_byte_ratio(maker.model, settings["target"])
+        for name, maker in makers.items()
+        if hasattr(maker, "model")
+    }
 
     def make() -> Speculation:
         shared = RunningMedians()
@@ -149,8 +154,7 @@ def speculation_factory(
             drafter = maker()
             draft_dir = specs[name] if isinstance(drafter, ModelDrafter) else None
             policy = draft_length_policy(draft_length, max_draft_length, plan, draft_dir, shared)
-            if isinstance(drafter, ModelDrafter):
-                policy.draft_byte_ratio = draft_byte_ratio(drafter.model, settings["target"])
+            policy.draft_byte_ratio = ratios.get(name)
             options[drafter.name] = Option(drafter, policy)
         return Speculation(options)
 

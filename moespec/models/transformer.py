@@ -244,9 +244,7 @@ class Transformer:
     def step_bytes(self) -> int:
         """Weight bytes a one-token pass reads: the dense bytes and top-k experts per MoE
         layer (seed 000's B(1) without the KV cache)."""
-        experts = sum(
-            self.config.top_k * b.experts.bytes_per_expert for b in self.moe_blocks.values()
-        )
+        experts = sum(b.top_k * b.experts.bytes_per_expert for b in self.moe_blocks.values())
         return self.parameter_bytes()["dense"] + experts
 
 

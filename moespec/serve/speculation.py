@@ -39,6 +39,7 @@ class Speculation:
     max_draft_length: int = 8
     plan: dict | None = None
     draft_model: Transformer | None = None
+    draft_byte_ratio: float | None = None  # the draft model's bytes per token over the target's
     verify_times: RunningMedians = field(default_factory=RunningMedians)
 
     @property
@@ -93,7 +94,7 @@ class Speculation:
                 self.draft_length, self.max_draft_length, self.plan, model_dir, self.verify_times
             )
             if isinstance(drafter, ModelDrafter):
-                policy.draft_byte_ratio = draft_byte_ratio(drafter.model, self.target)
+                policy.draft_byte_ratio = self.draft_byte_ratio
             options[drafter.name] = Option(drafter, policy)
         return Choice(options)
 
@@ -119,4 +120,5 @@ def build_speculation(
         parse_oracle(draft)  # a bad spec fails at start, not on the first request
     elif speculation.draft_dir is not None:
         speculation.draft_model = load_draft_model(speculation.draft_dir, tokenizer, dtype)
+        speculation.draft_byte_ratio = draft_byte_ratio(speculation.draft_model, target)
     return speculation
