@@ -12,16 +12,22 @@ torch.compile'd reduction), and 32-weight blocks with a scale each (Q8_0's layou
 torch.compile'd reduction (PyTorch has no fused kernel for them); and, as a lead, fbgemm's
 W8A8 dynamic product (activations quantized too). Rounds interleave the paths,
 each warmed alike; the JSON keeps every round, the medians and each path's speed over the
-bf16 unpacked path's, paired per round. --avx2 re-runs the script with ATEN_CPU_CAPABILITY=avx2
-and ONEDNN_MAX_CPU_ISA=AVX2, which lower the dispatch to AVX2 on an AVX-512 machine: how
-`moespec.kernels.cpu`'s AVX2 choice was measured here.
+bf16 unpacked path's, paired per round. --before-rev REV also times the native pair loops
+built from native.c as of the git revision REV, beside this tree's, in the same rounds: a
+change to the loops measured before and after in one process. --avx2 re-runs the script with
+ATEN_CPU_CAPABILITY=avx2 and ONEDNN_MAX_CPU_ISA=AVX2, which lower the dispatch to AVX2 on an
+AVX-512 machine: how `moespec.kernels.cpu`'s AVX2 choice was measured here.
 """
 
 import argparse
+import ctypes
 import functools
 import os
+import shutil
 import statistics
+import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -71,8 +77,35 @@ def block_reduction(x, values, scales):
     return (parts * scales.float()).sum(-1).to(x.dtype)[None]
 
 
-def candidates(weights: list[torch.Tensor], rows: int = 1) -> dict:
-    """{path: (product of weight i, bytes it reads)}."""
+def before_library(rev: str):
+    """The native library built from native.c as of git revision `rev` (with this tree's
+    step.c, in a temporary folder), its functions typed as this tree's are."""
+    folder = Path(tempfile.mkdtemp(prefix="moespec-before-"))
+    source = subprocess.run(
+        ["git", "show", f"{rev}:moespec/kernels/native.c"],
+        cwd=Path(__file__).resolve().parent,
+        capture_output=True,
+        check=True,
+    ).stdout
+    (folder / "native.c").write_bytes(source)
+    shutil.copy(native.SOURCES[1], folder / "step.c")
+    out = folder / "before.so"
+    flags = ["-fopenmp"] if native.native().openmp else []
+    command = [native.find_compiler(), *native.BASE_FLAGS, *flags]
+    subprocess.run(
+        [*command, str(folder / "native.c"), str(folder / "step.c"), "-o", str(out), "-lm"],
+        check=True,
+    )
+    lib = ctypes.CDLL(str(out))
+    for name, argtypes in native._SIGNATURES.items():
+        if hasattr(lib, name):
+            getattr(lib, name).argtypes = argtypes
+    return lib
+
+
+def candidates(weights: list[torch.Tensor], rows: int = 1, before=None) -> dict:
+    """{path: (product of weight i, bytes it reads)}; `before`: another build's library, whose
+    pair loops are timed too."""
     x = torch.randn(rows, IN).bfloat16()
     xf = x.float()
     fp32 = [w.float() for w in weights]
@@ -120,6 +153,20 @@ def candidates(weights: list[torch.Tensor], rows: int = 1) -> dict:
                 ),
                 int8[0].nbytes,
             )
+    for function, flag in {**NATIVE_PAIRS, **NATIVE_INT8_PAIRS}.items():
+        if before is None or not hasattr(before, function) or flag not in flags:
+            continue
+        kind = "bf16" if "bf16" in function else "int8"
+        laid = [native.pack_pairs(w) for w in (weights if kind == "bf16" else rows8)]
+        paths[f"{kind} native {function.removeprefix(f'moespec_{kind}_')} (before)"] = (
+            functools.partial(
+                lambda i, f, p, s: native._call(f, p[i], x, OUT, s[i] if s else None),
+                f=getattr(before, function),
+                p=laid,
+                s=[q.scales for q in int8] if kind == "int8" else None,
+            ),
+            OUT * IN * 2 if kind == "bf16" else int8[0].nbytes,
+        )
     for function, flag in NATIVE_BF16.items():
         if native.native().has(function) and flag in flags:
             paths[f"bf16 native {function.removeprefix('moespec_bf16_')}"] = (
@@ -180,6 +227,7 @@ def main(argv=None) -> int:
     parser.add_argument("--rows", type=int, default=1, help="rows per product (a pass of n)")
     parser.add_argument("--note", default="")
     parser.add_argument("--avx2", action="store_true", help="lower the dispatch to AVX2")
+    parser.add_argument("--before-rev", help="a git revision whose native pair loops are timed too")
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--force", action="store_true")
     args = parser.parse_args(argv)
@@ -194,7 +242,8 @@ def main(argv=None) -> int:
     weights = [
         (torch.randn(OUT, IN, generator=generator) * 0.02).bfloat16() for _ in range(args.weights)
     ]
-    paths = candidates(weights, args.rows)
+    before = before_library(args.before_rev) if args.before_rev else None
+    paths = candidates(weights, args.rows, before)
     samples = {name: [] for name in paths}
     with torch.inference_mode():
         for product, _ in paths.values():  # compile and warm every path alike
@@ -228,7 +277,11 @@ def main(argv=None) -> int:
         "benchmark": "cpu_paths",
         "provenance": provenance(settings={"threads": args.threads}),
         "cpu": cpu_paths().to_dict(),
-        "settings": {**vars(args), "out": str(args.out), "shape": [OUT, IN]},
+        "settings": {
+            **vars(args),
+            "out": str(args.out),
+            "shape": [OUT, IN],
+        },
         "results": results,
     }
     write_json(args.out, report, force=args.force)

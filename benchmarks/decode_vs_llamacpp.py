@@ -28,7 +28,10 @@ of a shared machine. Per arm and round:
 Fixed time per step (as benchmarks/fixed_time.py): step time - B / beta, with B the bytes a
 one-token step reads in that engine's format (dense weights incl. the head, m experts per MoE
 layer, keys and values at the mean depth) and beta the best read bandwidth measured here at
-the same thread count. Paired ratios are per round, with their range.
+the same thread count. Paired ratios are per round, with their range. The read bandwidth of a
+shared host moves by a third from one minute to the next, so each decode is also set against
+the read bandwidth probed just before and just after it (the better of the two, at its thread
+count): `fraction_of_round_read_bandwidth`, median and range over the rounds.
 """
 
 import argparse
@@ -48,6 +51,7 @@ from moespec.bench.checkpoints import SHAPES, random_checkpoint  # noqa: E402
 from moespec.bench.stats import ratio_range  # noqa: E402
 from moespec.calibrate import llamacpp  # noqa: E402
 from moespec.calibrate.plan import verify_documents  # noqa: E402
+from moespec.calibrate.timing import read_bandwidth  # noqa: E402
 from moespec.calibrate.verify import measure_verify  # noqa: E402
 from moespec.decoding import KernelPolicy, generate  # noqa: E402
 from moespec.files import check_writable, write_json  # noqa: E402
@@ -55,6 +59,7 @@ from moespec.models import load_config, load_model  # noqa: E402
 from moespec.provenance import machine  # noqa: E402
 
 PROMPT = "def fibonacci(n):"
+PROBE_BYTES = 512 * 2**20  # far above a last-level cache (tens of MiB)
 MOESPEC_WEIGHTS = {
     "bf16": {"dtype": "bf16"},
     "fp32": {"dtype": "fp32"},
@@ -248,23 +253,34 @@ def build_arms(args, directory: Path) -> dict:
     return {name: makers[name]() for name in names}, ggufs
 
 
+def probe(threads: int) -> float:
+    """The read bandwidth now, at `threads` threads (moespec.calibrate.timing.read_bandwidth:
+    the best of 3 native reads of 512 MiB, about 0.1 s)."""
+    torch.set_num_threads(threads)
+    return read_bandwidth(PROBE_BYTES, repeats=3)
+
+
 def measure(args, arms, prompt, text, threads):
-    """Warm-up, then interleaved rounds: {(arm, threads): [per-round seconds per token]} and
-    {(arm, kernel, threads): [per-round [tau(1..max_n)]]}."""
+    """Warm-up, then interleaved rounds: {(arm, threads): [per-round seconds per token]},
+    {(arm, kernel, threads): [per-round [tau(1..max_n)]]} and {(arm, threads): [per-round read
+    bandwidth]}: the best of a probe just before and one just after the arm's decode."""
     for t in threads:
         for arm in arms.values():
             arm.threads(t)
             per_token(arm, prompt, min(args.tokens, 8), 1)
-    decode, verify = {}, {}
+    decode, verify, beside = {}, {}, {}
     for round_ in range(args.rounds):
         order = list(arms.items())
         if round_ % 2:
             order.reverse()
         for t in threads:
             for name, arm in order:
+                before = probe(t)
                 arm.threads(t)
                 seconds = per_token(arm, prompt, args.tokens, args.repeats)
                 decode.setdefault((name, t), []).append(seconds)
+                beside.setdefault((name, t), []).append(max(before, probe(t)))
+                arm.threads(t)
                 line = f"round {round_ + 1} {name:15s} {t} thr: {1 / seconds:8.1f} tok/s"
                 if arm.verify is not None:
                     for kernel, taus in arm.verify(text, args).items():
@@ -273,7 +289,7 @@ def measure(args, arms, prompt, text, threads):
                             f"{x * 1e3:.2f}" for x in taus
                         )
                 print(line, flush=True)
-    return decode, verify
+    return decode, verify, beside
 
 
 def verify_summary(verify, name, t) -> dict:
@@ -298,11 +314,12 @@ def verify_summary(verify, name, t) -> dict:
     return out
 
 
-def summarize(decode, verify, nbytes, bandwidth) -> dict:
+def summarize(decode, verify, nbytes, bandwidth, beside) -> dict:
     results = {}
     for (name, t), seconds in decode.items():
         median = statistics.median(seconds)
         beta = max(bandwidth[t].values())
+        rounds = [nbytes[name] / s / b for s, b in zip(seconds, beside[(name, t)], strict=True)]
         entry = {
             "engine": name,
             "threads": t,
@@ -314,6 +331,9 @@ def summarize(decode, verify, nbytes, bandwidth) -> dict:
             "fixed_ms": (median - nbytes[name] / beta) * 1e3,
             "fixed_ms_at_min": (min(seconds) - nbytes[name] / beta) * 1e3,
             "fraction_of_read_bandwidth": nbytes[name] / median / beta,
+            # per round, against the read bandwidth probed just before and after that decode
+            "round_read_bandwidth": beside[(name, t)],
+            "fraction_of_round_read_bandwidth": ratio_range(rounds),
         }
         if ("moespec", t) in decode:
             entry["moespec_speedup_paired"] = paired(decode[("moespec", t)], seconds)
@@ -345,7 +365,7 @@ def main(argv=None) -> int:
         nbytes["transformers"] = nbytes.get("moespec") or nbytes["llama.cpp-bf16"]
     bandwidth = {t: read_bandwidths(t) for t in threads}
     load = {"start": os.getloadavg()}
-    decode, verify = measure(args, arms, prompt, text, threads)
+    decode, verify, beside = measure(args, arms, prompt, text, threads)
     load["end"] = os.getloadavg()
     for t in threads:  # again at the end; the best of the two is the denominator
         for kind, value in read_bandwidths(t).items():
@@ -367,7 +387,7 @@ def main(argv=None) -> int:
         # other work on the machine while it ran (a shared machine: read the paired ratios)
         "load_average_1_5_15_min": load,
         "read_bandwidth_bytes_per_second": {str(t): b for t, b in bandwidth.items()},
-        "results": summarize(decode, verify, nbytes, bandwidth),
+        "results": summarize(decode, verify, nbytes, bandwidth, beside),
     }
     write_json(args.out, report, force=args.force)
     for key, r in report["results"].items():
@@ -375,7 +395,9 @@ def main(argv=None) -> int:
         ratio = f" moespec x{speedup['median']:.2f} ({speedup['min']:.2f}-{speedup['max']:.2f})"
         print(
             f"{key:20s} {r['median_tokens_per_second']:8.1f} tok/s  fixed {r['fixed_ms']:7.3f} ms"
-            f"  {r['fraction_of_read_bandwidth']:4.0%} of read bw" + (ratio if speedup else "")
+            f"  {r['fraction_of_read_bandwidth']:4.0%} of read bw"
+            f" ({r['fraction_of_round_read_bandwidth']['median']:4.0%} in its rounds)"
+            + (ratio if speedup else "")
         )
     return 0
 

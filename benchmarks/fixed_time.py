@@ -142,13 +142,15 @@ def step_bytes(directory, depth: int) -> int:
 
 
 def gemv_bandwidth(threads: int) -> float:
-    """Bytes/s of the library's packed bf16 GEMV over 64 MiB of distinct weights."""
+    """Bytes/s of this CPU's bf16 GEMV path (the layout `moespec.kernels.linear.pack` gives:
+    the native pair loops, oneDNN's packed product, or plain) over 64 MiB of distinct weights."""
     import torch
 
-    from moespec.kernels.linear import PackedWeight, linear
+    from moespec.kernels.linear import linear, pack
 
     torch.set_num_threads(threads)
-    weights = [PackedWeight(torch.randn(1024, 1024).to(torch.bfloat16)) for _ in range(32)]
+    dense = [torch.randn(1024, 1024).to(torch.bfloat16) for _ in range(32)]
+    weights = [pack(w) for w in dense]
     x = torch.randn(1, 1024).to(torch.bfloat16)
     best = float("inf")
     for _ in range(10):
@@ -156,7 +158,7 @@ def gemv_bandwidth(threads: int) -> float:
         for w in weights:
             linear(x, w)
         best = min(best, time.perf_counter() - start)
-    return sum(w.nbytes for w in weights) / best
+    return sum(w.nbytes for w in dense) / best
 
 
 def read_bandwidths(threads: int) -> dict:

@@ -8,17 +8,20 @@ import sys
 import pytest
 import torch
 
+from moespec.calibrate.timing import read_bandwidth
 from moespec.kernels.cpu import cpu_paths
 from moespec.kernels.linear import linear, pack
 from moespec.kernels.native import (
     PairWeight,
     batch_products,
+    has_read_probe,
     int8_pairs_product,
     layout_function,
     native,
     native_product,
     pack_pairs,
     pairs_product,
+    read_sum,
     unpack_pairs,
 )
 from moespec.kernels.quant import int8_reference, quantize_int8
@@ -308,3 +311,38 @@ def test_a_batch_of_products_refuses_rows_outside_its_input_or_output():
         batch_products(
             x, [weights[0], pack(torch.randn(64, 16).bfloat16())], [0, 1], [1, 1], [0, 1], 2
         )
+
+
+needs_read_probe = pytest.mark.skipif(
+    not has_read_probe(), reason="no native read probe (no library, or a CPU without AVX2)"
+)
+
+
+@needs_read_probe
+@pytest.mark.parametrize("threads", [1, 2, 3])
+def test_the_read_probe_sums_every_byte_it_reads(threads):
+    # 2.5 items of 512 KiB and a ragged tail: the probe reads the first multiple of 128 bytes,
+    # as 64-bit lanes summed modulo 2^64
+    generator = torch.Generator().manual_seed(3)
+    data = torch.randint(-(2**62), 2**62, (163_850,), dtype=torch.int64, generator=generator)
+    counted = data[: data.numel() * 8 // 128 * 16]
+    want = sum(int(v) for v in counted.tolist()) % 2**64
+    assert read_sum(data, threads) == want
+    data[counted.numel() - 1] += 1  # the last byte read is read
+    assert read_sum(data, threads) == (want + 1) % 2**64
+    data[-1] += 1  # the tail past it is not
+    assert read_sum(data, threads) == (want + 1) % 2**64
+
+
+def test_the_read_probe_refuses_a_strided_buffer():
+    with pytest.raises(ValueError, match="contiguous"):
+        read_sum(torch.zeros(64, 64).T)
+
+
+@needs_read_probe
+def test_read_bandwidth_times_the_native_read(monkeypatch):
+    calls = []
+    real = read_sum
+    monkeypatch.setattr("moespec.kernels.native.read_sum", lambda b: calls.append(1) or real(b))
+    beta = read_bandwidth(1 << 24, repeats=2)
+    assert len(calls) == 3 and beta > 0  # one warm-up and two timed reads

@@ -232,8 +232,19 @@ RESULTS = [
             ),
             minutes,
         )
+        # the -avx2 files come from an AVX2-only host (their cpu_flags say so), the others
+        # from one with AVX-512-BF16: the same command on each
         for name, source, tokens, rounds, verify, minutes in (
             ("olmoe", "--shape olmoe", 48, 4, 2, 20),
+            ("olmoe-avx2", "--shape olmoe", 48, 4, 2, 25),
+            (
+                "olmoe-int8-avx2",
+                "--shape olmoe --weights int8 --engines moespec,llama.cpp-q8_0,llama.cpp-bf16",
+                48,
+                4,
+                2,
+                15,
+            ),
             (
                 "olmoe-int8",
                 "--shape olmoe --weights int8 --engines moespec,llama.cpp-q8_0,llama.cpp-bf16",
@@ -296,6 +307,20 @@ RESULTS = [
         (
             "python benchmarks/cpu_paths.py --avx2 --rounds 5 "
             f"--out {RESULTS_DIR}/cpu_paths_avx2.json --force",
+        ),
+        3,
+    ),
+    Result(
+        # on an AVX2-only host, the AVX2 pair loops against those of 4314d1c (before their
+        # accumulators were held in registers and their inputs broadcast once per pair)
+        "cpu-paths-avx2-host",
+        tuple(f"cpu_paths_avx2_host{s}.json" for s in ("", "_rows2", "_rows9")),
+        (
+            *(
+                f"python benchmarks/cpu_paths.py --rounds 9 --rows {rows} --before-rev 4314d1c "
+                f"--out {RESULTS_DIR}/cpu_paths_avx2_host{suffix}.json --force"
+                for rows, suffix in ((1, ""), (2, "_rows2"), (9, "_rows9"))
+            ),
         ),
         3,
     ),

@@ -83,7 +83,18 @@ def median_iqr(samples: list[float]) -> tuple[float, float]:
 
 
 def read_bandwidth(nbytes: int = 1 << 30, repeats: int = 5, device="cpu") -> float:
-    """The memory read bandwidth of `device` in bytes/s: the best of summing a large buffer."""
+    """The memory read bandwidth of `device` in bytes/s, at this process's thread count: the
+    best of `repeats` reads of a buffer of `nbytes` (far above the last-level cache).
+
+    On an AVX2 CPU with the native library the read is `moespec.kernels.native.read_sum` (vector
+    loads and adds only, each thread streaming one contiguous run, as the products read their
+    weights); elsewhere, and on a GPU, it is PyTorch's sum of the buffer."""
     buffer = torch.ones(nbytes // 4, dtype=torch.float32, device=device)
-    samples = time_runs(lambda: buffer.sum(), repeats=repeats, warmup=1, device=device)
+    read = lambda: buffer.sum()  # noqa: E731
+    if buffer.device.type == "cpu":
+        from moespec.kernels import native
+
+        if native.has_read_probe():
+            read = lambda: native.read_sum(buffer)  # noqa: E731
+    samples = time_runs(read, repeats=repeats, warmup=1, device=device)
     return nbytes / min(samples)

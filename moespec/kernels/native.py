@@ -88,6 +88,11 @@ _SIGNATURES = {
 }
 
 
+# the read-bandwidth probe returns its sum, not a status
+_RESULTS = {"moespec_read_sum": ctypes.c_uint64}
+_SIGNATURES["moespec_read_sum"] = [_P, _I64, _INT]
+
+
 @dataclass(frozen=True)
 class Native:
     """The loaded library (or why there is none) and whether it runs threaded."""
@@ -173,7 +178,7 @@ def native() -> Native:
     for name, argtypes in _SIGNATURES.items():
         if hasattr(lib, name):
             getattr(lib, name).argtypes = argtypes
-            getattr(lib, name).restype = _INT
+            getattr(lib, name).restype = _RESULTS.get(name, _INT)
     return Native(lib, None, openmp, Path(compiler).name)
 
 
@@ -310,6 +315,20 @@ def unpack_pairs(packed: torch.Tensor, shape: tuple[int, int]) -> torch.Tensor:
 def _threads(threads: int | None) -> int:
     n = torch.get_num_threads() if threads is None else threads
     return n if native().openmp else 1
+
+
+def has_read_probe() -> bool:
+    """Whether `read_sum` runs here: the library is built and the CPU has AVX2."""
+    return native().has("moespec_read_sum") and "avx2" in cpu_flags()
+
+
+def read_sum(buffer: torch.Tensor, threads: int | None = None) -> int:
+    """The native read probe: the 64-bit sum of `buffer`'s bytes as 32-byte vectors (its
+    first multiple of 128 bytes), read by `threads` threads each streaming one contiguous run."""
+    if not buffer.is_contiguous() or buffer.device.type != "cpu":
+        raise ValueError("the read probe reads one contiguous CPU buffer")
+    n = buffer.numel() * buffer.element_size() // 128 * 128
+    return native().lib.moespec_read_sum(buffer.data_ptr(), n, _threads(threads))
 
 
 def int8_pairs_product(x: torch.Tensor, pairs: torch.Tensor, scales: torch.Tensor, threads=None):
