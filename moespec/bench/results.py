@@ -277,6 +277,16 @@ RESULTS = [
         ),
         15,
     ),
+    Result(  # the same on an AVX2-only host
+        "int8-decode-avx2",
+        ("int8_decode_olmoe2L_avx2.json",),
+        (
+            "python benchmarks/int8_decode.py --shape olmoe --layers 2 --threads 1,2 --rounds 4 "
+            f"--tokens 24 --agreement-prompts 4 --out {RESULTS_DIR}/int8_decode_olmoe2L_avx2.json "
+            "--force",
+        ),
+        15,
+    ),
     Result(
         "cpu-paths-avx512",
         ("cpu_paths_avx512.json",),
