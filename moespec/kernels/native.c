@@ -639,7 +639,7 @@ V2_TARGET INLINE void v2_qpairs_sweep(const int8_t *P, int64_t JP, const int16_t
 #pragma GCC unroll 2
             for (int l = 0; l < (V2_AHEAD ? NV / 4 : 0); l++) /* as many bytes ahead as bf16 */
                 _mm_prefetch((const char *)(pw + 2 * V2_AHEAD * 2 * PAIR_GROUP) + l * 64,
-                             _MM_HINT_T0);
+                             V2_HINT);
             __m256i xp[HALF_ROWS]; /* the row's pair of inputs, broadcast once */
 #pragma GCC unroll 2
             for (int r = 0; r < NR; r++) {
