@@ -82,6 +82,15 @@ RESULTS = [
         ),
         3,
     ),
+    Result(  # the same on an AVX2-only host
+        "decode-small-avx2",
+        ("decode_small_avx2.json",),
+        (
+            "python benchmarks/decode_vs_transformers.py --shape small --tokens 64 --repeats 7 "
+            f"--experts grouped_mm,eager --out {RESULTS_DIR}/decode_small_avx2.json --force",
+        ),
+        1,
+    ),
     Result(
         "assisted",
         ("assisted_demo.json",),
