@@ -20,7 +20,6 @@ AVX-512 machine: how `moespec.kernels.cpu`'s AVX2 choice was measured here.
 """
 
 import argparse
-import ctypes
 import functools
 import os
 import shutil
@@ -78,29 +77,20 @@ def block_reduction(x, values, scales):
 
 
 def before_library(rev: str):
-    """The native library built from native.c as of git revision `rev` (with this tree's
-    step.c, in a temporary folder), its functions typed as this tree's are."""
+    """The native library built (as the engine builds its own) from native.c as of git
+    revision `rev` with this tree's step.c, in a temporary folder."""
     folder = Path(tempfile.mkdtemp(prefix="moespec-before-"))
-    source = subprocess.run(
+    done = subprocess.run(
         ["git", "show", f"{rev}:moespec/kernels/native.c"],
         cwd=Path(__file__).resolve().parent,
         capture_output=True,
-        check=True,
-    ).stdout
-    (folder / "native.c").write_bytes(source)
-    shutil.copy(native.SOURCES[1], folder / "step.c")
-    out = folder / "before.so"
-    flags = ["-fopenmp"] if native.native().openmp else []
-    command = [native.find_compiler(), *native.BASE_FLAGS, *flags]
-    subprocess.run(
-        [*command, str(folder / "native.c"), str(folder / "step.c"), "-o", str(out), "-lm"],
-        check=True,
     )
-    lib = ctypes.CDLL(str(out))
-    for name, argtypes in native._SIGNATURES.items():
-        if hasattr(lib, name):
-            getattr(lib, name).argtypes = argtypes
-    return lib
+    if done.returncode != 0:
+        raise SystemExit(f"--before-rev {rev}: no moespec/kernels/native.c there (git show failed)")
+    (folder / "native.c").write_bytes(done.stdout)
+    shutil.copy(native.SOURCES[1], folder / "step.c")
+    path, _ = native.build(native.find_compiler(), folder, (folder / "native.c", folder / "step.c"))
+    return native.load(path)
 
 
 def candidates(weights: list[torch.Tensor], rows: int = 1, before=None) -> dict:
@@ -237,12 +227,12 @@ def main(argv=None) -> int:
         os.execve(sys.executable, command, {**os.environ, **AVX2})
     if args.out.exists() and not args.force:
         parser.error(f"{args.out} exists (use --force)")
+    before = before_library(args.before_rev) if args.before_rev else None
     torch.set_num_threads(args.threads)
     generator = torch.Generator().manual_seed(0)
     weights = [
         (torch.randn(OUT, IN, generator=generator) * 0.02).bfloat16() for _ in range(args.weights)
     ]
-    before = before_library(args.before_rev) if args.before_rev else None
     paths = candidates(weights, args.rows, before)
     samples = {name: [] for name in paths}
     with torch.inference_mode():

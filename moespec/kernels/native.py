@@ -85,12 +85,10 @@ _SIGNATURES = {
     # decode attention: q, k, v, out, H, G, L, D, Dv, k_head, k_row, v_head, v_row, scale, threads
     "moespec_attend_bf16_avx512": [_P] * 4 + [_I64] * 9 + [ctypes.c_float, _INT],
     "moespec_attend_bf16_avx2": [_P] * 4 + [_I64] * 9 + [ctypes.c_float, _INT],
+    # the read-bandwidth probe: buffer, bytes, threads; returns its sum, not a status
+    "moespec_read_sum": [_P, _I64, _INT],
 }
-
-
-# the read-bandwidth probe returns its sum, not a status
 _RESULTS = {"moespec_read_sum": ctypes.c_uint64}
-_SIGNATURES["moespec_read_sum"] = [_P, _I64, _INT]
 
 
 @dataclass(frozen=True)
@@ -132,10 +130,10 @@ ATTEMPTS = (
 BASE_FLAGS = ["-O3", "-fPIC", "-shared", "-std=c11", "-D_ISOC11_SOURCE"]
 
 
-def build(compiler: str, out_dir: Path) -> tuple[Path, bool]:
-    """Compile native.c and step.c into out_dir (once per source and compiler); (library,
-    threaded)."""
-    source = b"".join(path.read_bytes() for path in SOURCES)
+def build(compiler: str, out_dir: Path, sources=SOURCES) -> tuple[Path, bool]:
+    """Compile native.c and step.c (`sources`) into out_dir (once per source and compiler);
+    (library, threaded)."""
+    source = b"".join(path.read_bytes() for path in sources)
     version = subprocess.run(
         [compiler, "--version"], capture_output=True, text=True, timeout=30
     ).stdout
@@ -148,14 +146,24 @@ def build(compiler: str, out_dir: Path) -> tuple[Path, bool]:
         out_dir.mkdir(parents=True, exist_ok=True)
         fd, tmp = tempfile.mkstemp(dir=out_dir, suffix=".so.tmp")
         os.close(fd)
-        cmd = [compiler, *BASE_FLAGS, *flags, *map(str, SOURCES), "-o", tmp, "-lm"]
+        cmd = [compiler, *BASE_FLAGS, *flags, *map(str, sources), "-o", tmp, "-lm"]
         done = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
         if done.returncode == 0:
             os.replace(tmp, target)  # atomic: a concurrent build leaves one whole file
             return target, openmp
         os.unlink(tmp)
         errors.append(done.stderr.strip().splitlines()[-1:] or ["failed"])
-    raise RuntimeError(f"{compiler} could not build {SOURCE.name}: {errors[0][0]}")
+    raise RuntimeError(f"{compiler} could not build {sources[0].name}: {errors[0][0]}")
+
+
+def load(path: Path) -> ctypes.CDLL:
+    """A built library, its functions typed."""
+    lib = ctypes.CDLL(str(path))  # after torch: its libgomp is the OpenMP runtime used
+    for name, argtypes in _SIGNATURES.items():
+        if hasattr(lib, name):
+            getattr(lib, name).argtypes = argtypes
+            getattr(lib, name).restype = _RESULTS.get(name, _INT)
+    return lib
 
 
 @functools.cache
@@ -170,15 +178,11 @@ def native() -> Native:
         return Native(None, "no C compiler found ($CC, cc, gcc or clang)")
     try:
         path, openmp = build(compiler, cache_dir() / "native")
-        lib = ctypes.CDLL(str(path))  # after torch: its libgomp is the OpenMP runtime used
+        lib = load(path)
         if lib.moespec_native_version() != VERSION:
             return Native(None, f"{path.name} is version {lib.moespec_native_version()}")
     except (OSError, RuntimeError, subprocess.SubprocessError) as e:
         return Native(None, f"native build failed: {e}")
-    for name, argtypes in _SIGNATURES.items():
-        if hasattr(lib, name):
-            getattr(lib, name).argtypes = argtypes
-            getattr(lib, name).restype = _RESULTS.get(name, _INT)
     return Native(lib, None, openmp, Path(compiler).name)
 
 
