@@ -2,9 +2,13 @@
 
 Qwen3-30B-A3B shapes, synthetic routing at rho(2) = 0.48, the RTX 4090 + PCIe 4.0 + AMX host
 profile, batch 1, k = 8, a = 0.73, a 25% cache. Prints every figure beside the paper's and
-writes them as JSON; exits 1 when a check is missed (the JSON is written first).
+writes them as JSON; exits 1 when a check is missed (the JSON is written first). The gate
+runs at --draft-stop S (the simulator's reading of llama.cpp's confidence stop; 0: every
+step drafts k); the two checks that drafting decides are also run at each stop recall of
+the sweep (`stop_sweep` in the JSON), so the file says which readings, if any, meet both.
 
     python benchmarks/calibration_gate.py --out FILE [--tokens 512] [--profile NAME]
+        [--draft-stop S]
 """
 
 import argparse
@@ -15,7 +19,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from moespec.files import check_writable, write_json
 from moespec.offload import get_profile
-from moespec.offload.sim.calibration import gate
+from moespec.offload.sim.calibration import gate, stop_sweep
 from moespec.offload.sim.workload import synthetic_workload
 from moespec.provenance import provenance  # noqa: E402
 
@@ -27,6 +31,7 @@ def main() -> int:
     parser.add_argument("--tokens", type=int, default=512)
     parser.add_argument("--fit-tokens", type=int, default=256)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--draft-stop", type=float, default=0.0, metavar="S")
     parser.add_argument("--force", action="store_true")
     args = parser.parse_args()
     check_writable(args.out, force=args.force)
@@ -39,13 +44,21 @@ def main() -> int:
         seed=args.seed,
     )
     start = time.perf_counter()
-    result = gate(workload, profile, tokens=args.tokens, seed=args.seed)
+    result = gate(workload, profile, tokens=args.tokens, seed=args.seed, draft_stop=args.draft_stop)
+    sweep = stop_sweep(workload, profile, tokens=args.tokens, seed=args.seed)
     seconds = time.perf_counter() - start
     for name, check in result["checks"].items():
         if name != "met":
             print(f"{name:<14} {_fmt(check['value']):>28}  paper {_fmt(check['paper']):>14}  "
                   f"{'met' if check['met'] else 'MISSED'}")  # fmt: skip
-    print(f"gate: {'met' if result['checks']['met'] else 'missed'} ({seconds:.0f} s)")
+    print(f"gate at draft stop {args.draft_stop}: {'met' if result['checks']['met'] else 'missed'}")
+    print("draft stop  sd_ratio  spac tokens/s at gamma 2, 4, 6, 8   both met")
+    for row in sweep:
+        by_gamma = ", ".join(f"{v:.1f}" for v in row["spac_tokens_per_second_by_gamma"].values())
+        verdicts = (row["sd_ratio_met"], row["gamma_rising_met"])
+        print(f"{row['draft_stop']:>10.2f}  {row['sd_ratio']:>8.3f}  {by_gamma:>32}   "
+              f"{'yes' if all(verdicts) else 'no'}")  # fmt: skip
+    print(f"({seconds:.0f} s)")
     write_json(
         args.out,
         {
@@ -54,6 +67,7 @@ def main() -> int:
             "workload": workload.name,
             "profile": profile.to_dict(),
             **result,
+            "stop_sweep": sweep,
             "wall_seconds": seconds,
             "provenance": provenance(),
         },

@@ -55,3 +55,18 @@ def test_the_free_pass_bound_of_static_with_speculation():
     sd = reasons(runs)["sd_ratio"]
     assert sd["best_ratio_with_a_free_pass"] == pytest.approx(1.0)
     assert sd["pass_over_plain_token"] == pytest.approx(3.0)
+
+
+def test_the_stop_sweep_checks_the_drafting_at_each_recall():
+    from moespec.offload import get_profile
+    from moespec.offload.sim.calibration import stop_sweep
+    from moespec.offload.sim.workload import synthetic_workload
+
+    workload = synthetic_workload("olmoe-1b-7b", tokens=60, fit_tokens=40, seed=0)
+    rows = stop_sweep(workload, get_profile("rtx4090-pcie4"), tokens=48, recalls=(0.0, 1.0))
+    assert [r["draft_stop"] for r in rows] == [0.0, 1.0]
+    # without the stop a step drafts gamma = 8 (short only at the trace's end); with it,
+    # drafting ends at the first rejection: fewer drafts, so more tokens/s for the same steps
+    assert rows[0]["static_drafted_per_step"] > 7.5 > 2 * rows[1]["static_drafted_per_step"]
+    assert rows[1]["sd_ratio"] > rows[0]["sd_ratio"]
+    assert all(list(r["spac_tokens_per_second_by_gamma"]) == [2, 4, 6, 8] for r in rows)

@@ -215,3 +215,49 @@ def test_this_machine_profile_is_measured_with_the_engine_kernel(tmp_path):
     path = tmp_path / "profile.json"
     path.write_text(json.dumps(profile.to_dict()))
     assert load_profile(path).cpu_bandwidth == profile.cpu_bandwidth
+
+
+def test_a_draft_that_stops_at_its_first_rejected_token_drafts_and_verifies_up_to_it():
+    # As the rejected-drafts case above, with the confidence stop always taken: each step
+    # drafts 1 token (0.1 ms), not 2, and verifies 2 tokens of expert 0 on the CPU (1 ms).
+    trace = one_layer_trace([0] * 12)
+    settings = dict(
+        cache_ratio=0.0, draft_length=2, acceptance=0.0, tokens=5, draft_bytes_ratio=0.25,
+        rejected_routing="continuation",
+    )  # fmt: skip
+    for stop, step_ms in ((0.0, 1.2), (1.0, 1.1)):
+        result = simulate(
+            trace, make_policy("lru"), ROUND, SimulationSettings(draft_stop=stop, **settings)
+        )
+        assert result.steps == result.tokens == 5
+        assert result.seconds == pytest.approx(5 * step_ms * 1e-3)
+        assert result.draft_seconds == pytest.approx(5 * (step_ms - 1.0) * 1e-3)
+
+
+def test_the_draft_stop_shortens_drafts_only_after_a_rejection():
+    # Accepted drafts 0, 3, 1, 2 of k = 3 (the last cut short by tokens = 9): the stop drafts
+    # j + 1 tokens after j accepted ones (1, 3, 2, 3), never fewer than were accepted, and
+    # emits what the full drafts emit.
+    trace = one_layer_trace([0] * 40)
+    given = (0, 3, 1, 2)
+    base = dict(cache_ratio=1.0, draft_length=3, tokens=9, accepted=given, draft_bytes_ratio=0.25)
+    full = simulate(trace, make_policy("lru"), ROUND, SimulationSettings(**base))
+    stopped = simulate(trace, make_policy("lru"), ROUND, SimulationSettings(draft_stop=1.0, **base))
+    draft_token = 0.1e-3  # 0.25 of 4 experts' 1 MB each, at the accelerator's 10 GB/s
+    assert (full.steps, full.tokens) == (stopped.steps, stopped.tokens) == (4, 9)
+    assert full.draft_seconds == pytest.approx(4 * 3 * draft_token)
+    assert stopped.draft_seconds == pytest.approx((1 + 3 + 2 + 3) * draft_token)
+
+
+def test_every_draft_stop_value_sees_the_same_steps():
+    trace = one_layer_trace([0, 1, 2, 3] * 100)
+    base = dict(cache_ratio=0.5, draft_length=4, acceptance=0.7, tokens=200, draft_bytes_ratio=0.25)
+    runs = [
+        simulate(trace, make_policy("lru"), ROUND, SimulationSettings(draft_stop=stop, **base))
+        for stop in (0.0, 0.5, 1.0)
+    ]
+    assert len({(r.steps, r.tokens) for r in runs}) == 1
+    drafts = [r.draft_seconds for r in runs]
+    assert drafts[0] > drafts[1] > drafts[2] > 0
+    with pytest.raises(ValueError, match="draft stop"):
+        SimulationSettings(draft_stop=1.5)

@@ -38,6 +38,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--draft-length", type=int, default=8, metavar="K")
     parser.add_argument("--acceptance", type=float, default=0.7, metavar="A")
     parser.add_argument(
+        "--draft-stop",
+        type=float,
+        default=0.0,
+        metavar="S",
+        help="after the first rejected draft, the chance drafting stops short of K (llama.cpp's"
+        " --draft-p-min stop; default 0: every step drafts K)",
+    )
+    parser.add_argument(
         "--policy",
         default=DEFAULT_POLICIES,
         metavar="P1,P2,...",
@@ -96,6 +104,7 @@ def run(args: argparse.Namespace) -> int:
                 cache_ratio=args.expert_cache_ratio,
                 draft_length=args.draft_length,
                 acceptance=args.acceptance,
+                draft_stop=args.draft_stop,
                 tokens=args.tokens,
                 fit_tokens=args.fit_tokens,
                 reuse2=args.reuse2,
@@ -123,7 +132,8 @@ def run(args: argparse.Namespace) -> int:
 def format_results(results: dict, workload: str, profile: str, settings: dict) -> str:
     lines = [
         f"workload {workload} on {profile}: cache ratio {settings['cache_ratio']}, draft length "
-        f"{settings['draft_length']}, acceptance {settings['acceptance']}",
+        f"{settings['draft_length']}, acceptance {settings['acceptance']}"
+        + (f", draft stop {settings['draft_stop']}" if settings.get("draft_stop") else ""),
         f"{'policy':<20} {'tok/s':>8} {'ms/tok':>8} {'hit':>6} {'acc':>6} {'acc0':>6} "
         f"{'sMAPE':>6} {'GB copied':>9} {'CPU exp.':>9}",
     ]

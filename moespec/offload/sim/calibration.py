@@ -20,6 +20,13 @@ Where a check is missed, `reasons(runs)` gives what the simulated runs themselve
 (the step split into drafting and verification, the best ratio any placement could reach), and
 `table4_draft_bound()` what the paper's own figures say: Table 4's step grows less from
 gamma = 2 to 8 than the drafts it adds take at the draft's bandwidth floor.
+
+Drafting. The gate runs at a `draft_stop` (the simulator's reading of llama.cpp's confidence
+stop, `--draft-p-min`, under which the paper's system and its llama.cpp baseline draft; its
+recall is not published), 0 by default: every step drafts gamma tokens, as seed 003 eq. 2
+counts them. `stop_sweep(...)` runs the two checks that drafting decides (sd_ratio and
+gamma_rising) at each recall of `STOP_RECALLS`, so the gate says for which readings, if any,
+both hold.
 """
 
 from dataclasses import replace
@@ -34,25 +41,29 @@ SD_RATIO_RANGE = (1.04, 1.28)  # 1.16 +- 10%
 LAYER_MS_RANGE = (0.73 / 1.2, 0.78 * 1.2)
 GAMMAS = (2, 4, 6, 8)
 ACCEPTANCE = 0.73
+STOP_RECALLS = (0.0, 0.25, 0.5, 0.75, 1.0)
 
 
-def gate(workload, profile, *, tokens: int = 512, seed: int = 0, progress=None) -> dict:
-    """Simulate the gate's runs on `workload` (Qwen3-30B-A3B shapes) and check them."""
-    settings = settings_for(
+def gate_settings(workload, *, tokens: int = 512, seed: int = 0, draft_stop: float = 0.0):
+    """The paper setting's simulation settings: 25% cache, gamma = 8, a = 0.73."""
+    return settings_for(
         workload,
         cache_ratio=0.25,
         draft_length=8,
         acceptance=ACCEPTANCE,
+        draft_stop=draft_stop,
         tokens=tokens,
         seed=seed,
     )
-    runs = {}
-    for name in ("static", "static-ar", "hybrid-ar"):
-        runs[name] = _run(workload, name, profile, settings, progress)
-    for gamma in GAMMAS:
-        runs[f"spac@{gamma}"] = _run(
-            workload, "spac", profile, replace(settings, draft_length=gamma), progress
-        )
+
+
+def gate(
+    workload, profile, *, tokens: int = 512, seed: int = 0, draft_stop: float = 0.0, progress=None
+) -> dict:
+    """Simulate the gate's runs on `workload` (Qwen3-30B-A3B shapes) and check them."""
+    settings = gate_settings(workload, tokens=tokens, seed=seed, draft_stop=draft_stop)
+    runs = _drafting_runs(workload, profile, settings, progress)
+    runs["hybrid-ar"] = _run(workload, "hybrid-ar", profile, settings, progress)
     figures = {
         "static_tokens_per_second": runs["static"]["tokens_per_second"],
         "static_ar_tokens_per_second": runs["static-ar"]["tokens_per_second"],
@@ -70,6 +81,46 @@ def gate(workload, profile, *, tokens: int = 512, seed: int = 0, progress=None) 
         "paper_consistency": table4_draft_bound(),
         "runs": runs,
     }
+
+
+def _drafting_runs(workload, profile, settings, progress) -> dict:
+    """static with and without speculation, and SpAc at each gamma of GAMMAS."""
+    runs = {name: _run(workload, name, profile, settings, progress) for name in STATIC}
+    for gamma in GAMMAS:
+        runs[f"spac@{gamma}"] = _run(
+            workload, "spac", profile, replace(settings, draft_length=gamma), progress
+        )
+    return runs
+
+
+STATIC = ("static", "static-ar")
+
+
+def stop_sweep(workload, profile, *, tokens=512, seed=0, recalls=STOP_RECALLS, progress=None):
+    """[{draft_stop, sd_ratio, gamma tokens/s, each check's verdict}] at each stop recall:
+    the two checks that the drafting decides, on the gate's workload and settings."""
+    rows = []
+    for recall in recalls:
+        settings = gate_settings(workload, tokens=tokens, seed=seed, draft_stop=recall)
+        runs = _drafting_runs(workload, profile, settings, progress)
+        by_gamma = [runs[f"spac@{g}"]["tokens_per_second"] for g in GAMMAS]
+        sd = runs["static"]["tokens_per_second"] / runs["static-ar"]["tokens_per_second"]
+        rows.append(
+            {
+                "draft_stop": recall,
+                "sd_ratio": sd,
+                "sd_ratio_met": bool(SD_RATIO_RANGE[0] <= sd <= SD_RATIO_RANGE[1]),
+                "spac_tokens_per_second_by_gamma": dict(zip(GAMMAS, by_gamma, strict=True)),
+                "gamma_rising_met": _rising(by_gamma),
+                "static_drafted_per_step": runs["static"]["drafted_tokens"]
+                / runs["static"]["steps"],
+            }
+        )
+    return rows
+
+
+def _rising(values) -> bool:
+    return bool(all(b > a for a, b in zip(values, values[1:], strict=False)))
 
 
 def reasons(runs: dict) -> dict:
@@ -178,7 +229,7 @@ def checks(figures: dict) -> dict:
             "value": by_gamma,
             "paper": "rising from gamma = 2 to 8 (Table 4)",
             "range": None,
-            "met": bool(all(b > a for a, b in zip(by_gamma, by_gamma[1:], strict=False))),
+            "met": _rising(by_gamma),
         },
     }
     result["met"] = bool(all(c["met"] for c in result.values()))

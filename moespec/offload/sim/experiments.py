@@ -126,6 +126,7 @@ def simulation(
     cache_ratio: float = 0.25,
     draft_length: int = 8,
     acceptance: float = 0.7,
+    draft_stop: float = 0.0,
     tokens: int = 2048,
     fit_tokens: int = 512,
     reuse2: float | None = None,
@@ -154,6 +155,7 @@ def simulation(
         cache_ratio=cache_ratio,
         draft_length=draft_length,
         acceptance=acceptance,
+        draft_stop=draft_stop,
         tokens=tokens,
         seed=seed,
     )

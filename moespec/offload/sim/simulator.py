@@ -13,6 +13,18 @@ so every policy sees the same steps. A policy with `speculative = False` runs pl
 n = 1, no draft. The first `fit_tokens` tokens of the trace are the fit split (policies' `fit`),
 the rest is replayed.
 
+The draft length k is a cap (`draft_stop` says how often a step stops short of it). llama.cpp,
+on which seed 003's system and its llama.cpp baseline run (the authors' release starts
+`llama-server ... --draft-max 8`), stops drafting at the first token whose draft probability
+is under `--draft-p-min` (0.75 by default; `common/speculative.cpp`), so a step drafts fewer
+tokens where the draft is unsure, which is mostly where it is wrong. The reading here: right
+after the first drafted token the target rejects, drafting stops with probability
+`draft_stop` (the stop's recall; it never stops before a token the target accepts, an
+idealisation), so the step drafts and verifies up to that token: n = j + 2 for j accepted.
+0 (the default): every step drafts k tokens, seed 003 eq. 2's T_SD = gamma T_D + T_V. The stop
+draws come from a generator of their own, so draft_stop = 0 leaves every other draw as it was
+and every policy sees the same steps at any value.
+
 Timing model (one, for every policy). Expert e of MoE layer l with c_e slots in the pass,
 w_l its bytes, q_l = 2 w_l / (bytes per parameter) its FLOPs per token:
 
@@ -82,6 +94,9 @@ class SimulationSettings:
     # The accepted drafts of each step, replayed instead of the seeded draws (a measured run's,
     # so that simulation and measurement take the same steps); steps past its end: k.
     accepted: tuple[int, ...] | None = None
+    # After the first rejected draft, the chance the draft stops (llama.cpp's confidence stop,
+    # read as in the module docstring); 0: every step drafts draft_length tokens.
+    draft_stop: float = 0.0
 
     def __post_init__(self):
         if not 0 <= self.cache_ratio <= 1:
@@ -90,6 +105,8 @@ class SimulationSettings:
             raise ValueError(f"draft length must be >= 0, got {self.draft_length}")
         if not 0 <= self.acceptance < 1:
             raise ValueError(f"acceptance must be in [0, 1), got {self.acceptance}")
+        if not 0 <= self.draft_stop <= 1:
+            raise ValueError(f"draft stop must be in [0, 1], got {self.draft_stop}")
         if self.tokens < 1:
             raise ValueError(f"tokens must be >= 1, got {self.tokens}")
         if self.rejected_routing not in ("popularity", "continuation", "trace"):
@@ -117,6 +134,7 @@ class SimulationResult:
     pass_seconds: float = 0.0  # the passes' MoE layers (router output to layer end, and dense)
     draft_seconds: float = 0.0
     num_layers: int = 1
+    drafted_tokens: int = 0  # tokens drafted over all steps (below steps x k under a stop)
 
     @property
     def layer_ms(self) -> float:
@@ -149,6 +167,7 @@ class SimulationResult:
             "seconds": self.seconds,
             "layer_ms": self.layer_ms,
             "draft_seconds": self.draft_seconds,
+            "drafted_tokens": self.drafted_tokens,
             "pass_seconds": self.pass_seconds,
             "num_layers": self.num_layers,
             **self.stats.to_dict(),
@@ -292,6 +311,7 @@ class _Run:
         self.k = s.draft_length if policy.speculative else 0
         self.driver.start(draft_length=self.k, top_k=trace.top_k)
         self.rng = np.random.default_rng(s.seed)
+        self.stop_rng = np.random.default_rng([s.seed, 2])  # the draft stops' draws
         self.accuracy = AccuracyMeter(trace.num_layers)
         # What a forecast must beat: "hot = active in the previous pass", on the same passes.
         self.previous_pass = AccuracyMeter(trace.num_layers)
@@ -300,6 +320,7 @@ class _Run:
         self.pos, self.time, self.emitted, self.steps = s.fit_tokens, 0.0, 0, 0
         self.rejected = rejected
         self.pass_seconds = self.draft_seconds = 0.0  # the verification passes' layers, drafts
+        self.drafted = 0
         self.popularity = None
         if rejected is None and s.rejected_routing == "popularity":
             self.popularity = _popularity(trace, s.fit_tokens)
@@ -312,12 +333,14 @@ class _Run:
     def next_pass(self) -> bool:
         if self.pos >= self.trace.num_tokens:
             return False
-        n = min(self.k + 1, self._doc_end() - self.pos)
         drafts = self.rng.random(self.k) < self.s.acceptance  # drawn whatever n is: same steps
         accepted = int(np.argmin(drafts)) if not drafts.all() else self.k
+        stops = self.stop_rng.random() < self.s.draft_stop  # drawn every step: same steps
         if self.s.accepted is not None:
             given = self.s.accepted
             accepted = min(given[self.steps], self.k) if self.steps < len(given) else self.k
+        drafted = accepted + 1 if stops and accepted < self.k else self.k
+        n = min(drafted + 1, self._doc_end() - self.pos)
         emitted = min(accepted + 1, n, self.s.tokens - self.emitted)
         counts = _step_counts(self._window(n, accepted), self.trace.num_experts)
         self.smape.update(counts)
@@ -329,6 +352,7 @@ class _Run:
             t = self._layer(layer, counts[layer], n, t)
         self.pass_seconds += t - self.time - draft
         self.draft_seconds += draft
+        self.drafted += n - 1
         t += self.costs.step
         self.policy.end_step(emitted - 1)
         self.time, self.pos = t, self.pos + emitted
@@ -460,6 +484,7 @@ class _Run:
             pass_seconds=self.pass_seconds,
             draft_seconds=self.draft_seconds,
             num_layers=self.trace.num_layers,
+            drafted_tokens=self.drafted,
         )
 
 
