@@ -8,6 +8,12 @@ than the last-level cache); every raw sample is kept.
 
 Raw timings are appended to a JSON-lines file as each case finishes: an interrupted run keeps
 what it finished, and a rerun with the same settings resumes where it stopped.
+
+Which code is timed: where the engine's passes run natively (moespec.models.native_step), the
+slot and dedup kernels are the native pass's own expert operation (`NativeExperts`: the same
+products, orders and rounding, with no library dispatch around them), so that the fits
+describe what the engine runs; elsewhere the eager kernels (moespec.kernels). The header
+says which ("expert_operation": "native"), so a run never resumes the other's timings.
 """
 
 import json
@@ -22,6 +28,7 @@ from moespec.calibrate.ids import chosen_ids, distinct_count, distinct_levels
 from moespec.calibrate.timing import CacheFlusher, median_iqr, time_runs
 from moespec.errors import SettingError, setting
 from moespec.kernels import ExpertWeights, get_kernel
+from moespec.models.native_step import KERNELS as NATIVE_KERNELS
 from moespec.progress import Progress, using
 
 FORMAT = "moespec-expert-op-bench/1"
@@ -66,7 +73,11 @@ class ExpertOpBenchmark:
         settings: BenchSettings | None = None,
         windows: dict[int, dict[int, np.ndarray]] | None = None,
         header: dict | None = None,
+        native: bool | None = None,
     ):
+        """native: time the native pass's expert operation for the slot and dedup kernels
+        (True: refused in one line where these experts cannot take it; None: wherever they
+        can; False: the eager kernels)."""
         self.experts = experts
         self.top_k = top_k
         self.settings = settings or BenchSettings()
@@ -83,6 +94,9 @@ class ExpertOpBenchmark:
             self.header["device"] = str(device)
         for name in self.settings.kernels:
             get_kernel(name)  # unknown kernels fail before any timing
+        self.native = _native_operations(experts, native)
+        if self.native:
+            self.header["expert_operation"] = "native"
 
     def cases(self) -> list[Case]:
         s = self.settings
@@ -118,10 +132,20 @@ class ExpertOpBenchmark:
         ids = torch.as_tensor(self.ids_for(case), dtype=torch.long)
         weights = torch.softmax(torch.randn(ids.shape, generator=generator), dim=-1)
         ids, weights = ids.to(device), weights.to(device)
-        kernel = get_kernel(case.kernel)
+        if self.native and case.kernel in NATIVE_KERNELS:
+            native, dedup = self.native[case.layer], case.kernel == "dedup"
+
+            def run():
+                return native(x, ids, weights, dedup)
+        else:
+            kernel = get_kernel(case.kernel)
+
+            def run():
+                return kernel(x, ids, weights, experts)
+
         with torch.inference_mode():
             samples = time_runs(
-                lambda: kernel(x, ids, weights, experts),
+                run,
                 repeats=self.settings.repeats,
                 warmup=self.settings.warmup,
                 flush=flush,
@@ -161,6 +185,20 @@ class ExpertOpBenchmark:
                 records.append(record)
                 bar.advance()
         return records
+
+
+def _native_operations(experts: dict, native: bool | None) -> dict:
+    """{layer: NativeExperts} when the native expert operation is to be timed, else {}."""
+    from moespec.models.native_step import NativeExperts, experts_unsupported
+
+    if native is False:
+        return {}
+    why = next(filter(None, (experts_unsupported(e) for e in experts.values())), None)
+    if why is not None:
+        if native:
+            raise SettingError(f"the native expert operation cannot be timed here: {why}")
+        return {}
+    return {layer: NativeExperts(e) for layer, e in experts.items()}
 
 
 def _drop_torn_line(path: Path) -> None:

@@ -130,15 +130,25 @@ class Measured:
 
 
 def bench_and_fit(
-    experts, top_k, settings, windows_ids, header, out_dir, progress, force, per_layer=True
+    experts,
+    top_k,
+    settings,
+    windows_ids,
+    header,
+    out_dir,
+    progress,
+    force,
+    per_layer=True,
+    native: bool | None = None,
 ):
     """Benchmark the layers' expert operation (raw timings to out_dir/bench.jsonl, resumed
-    after an interruption unless `force` restarts it), fit each kernel (each layer on its
-    own, or pooled), score the fits on the windows: a `Measured`."""
+    after an interruption unless `force` restarts it; `native` as ExpertOpBenchmark's), fit
+    each kernel (each layer on its own, or pooled), score the fits on the windows: a
+    `Measured`."""
     raw = Path(out_dir) / "bench.jsonl"
     if force:
         raw.unlink(missing_ok=True)
-    bench = ExpertOpBenchmark(experts, top_k, settings, windows_ids, header=header)
+    bench = ExpertOpBenchmark(experts, top_k, settings, windows_ids, header=header, native=native)
     records = bench.run(raw, progress=progress)
     kernels = [k for k in settings.kernels if k != "reference"]
     dedup_kernel = next(k for k in kernels if k != "slot")
@@ -232,6 +242,8 @@ def plan_chain(
         progress,
         force,
         per_layer=per_layer_fits,
+        # the expert operation the engine runs: the native pass's where it takes the model
+        native=model.native_step() is not None,
     )
     max_n = max(settings.pass_sizes)
     routing = trace_routing(trace, max_n)

@@ -173,6 +173,64 @@ static void route(const uint16_t *logits, int64_t E, int64_t k, int renormalize,
     }
 }
 
+/* The expert operation of MoE layer L on the T rows of x [T, H]: sid, w [T][top_k] each row's
+ * experts and routing weights; h [T, H] += each row's combined expert outputs, summed in slot
+ * order and rounded once. dedup: each distinct expert takes its rows in one product (else one
+ * product per token and slot; the same bits either way). Buffers: hid [S, 2I], act [S, I],
+ * xg [S, H] (S = T top_k), meta [5 S], plist [S]. The model pass and `moespec_experts` (the
+ * calibration's timing of this operation alone) both run this code. */
+static int moe_experts(const Model *m, const Layer *L, const uint16_t *x, int64_t T,
+                       const int64_t *sid, const float *w, int dedup, uint16_t *hid,
+                       uint16_t *act, uint16_t *xg, int64_t *meta, const Product **plist,
+                       uint16_t *h, int threads) {
+    const int64_t H = m->hidden;
+    const int64_t k = L->top_k, R = T * k, I = ((const Product *)P(L->gate_up))->out / 2;
+    const Product *gate_up = (const Product *)P(L->gate_up);
+    const Product *down = (const Product *)P(L->down);
+    int64_t *xrow = meta, *count = meta + R, *orow = meta + 2 * R, *pos = meta + 3 * R;
+    int64_t *order = meta + 4 * R;
+    int rc;
+    /* pos[r]: the row of slot r (token-major) in hid/act/xg; the products in `order` */
+    int64_t n = 0;
+    if (!dedup) {
+        for (int64_t r = 0; r < R; r++) {
+            plist[r] = &gate_up[sid[r]];
+            xrow[r] = r / k, count[r] = 1, orow[r] = r, pos[r] = r;
+        }
+        n = R;
+        if ((rc = products(m, n, plist, x, T, xrow, count, hid, orow, threads, 1))) return rc;
+    } else { /* distinct experts in order of first appearance, their slots gathered */
+        int64_t filled = 0;
+        for (int64_t r = 0; r < R; r++) order[r] = -1;
+        for (int64_t r = 0; r < R; r++) {
+            if (order[r] >= 0) continue;
+            plist[n] = &gate_up[sid[r]];
+            xrow[n] = filled, orow[n] = filled, count[n] = 0;
+            for (int64_t q = r; q < R; q++)
+                if (order[q] < 0 && sid[q] == sid[r]) {
+                    order[q] = n;
+                    pos[q] = filled++;
+                    count[n]++;
+                    memcpy(xg + pos[q] * H, x + (q / k) * H, (size_t)H * 2);
+                }
+            n++;
+        }
+        if ((rc = products(m, n, plist, xg, R, xrow, count, hid, orow, threads, 1))) return rc;
+    }
+    swiglu(hid, R, I, act);
+    for (int64_t j = 0; j < n; j++)
+        plist[j] = &down[plist[j] - gate_up]; /* the same experts' down products */
+    if ((rc = products(m, n, plist, act, R, orow, count, xg, orow, threads, 1))) return rc;
+    for (int64_t t = 0; t < T; t++) /* each token's slots in slot order, rounded once */
+        for (int64_t i = 0; i < H; i++) {
+            float acc = 0.0f;
+            for (int64_t s = 0; s < k; s++)
+                acc += fl(bf(fl(xg[pos[t * k + s] * H + i]) * fl(bf(w[t * k + s]))));
+            h[t * H + i] = bf(fl(h[t * H + i]) + fl(bf(acc)));
+        }
+    return 0;
+}
+
 /* A pass of T tokens at positions start .. start + T - 1 of the cache. cache: per layer the
  * keys' then the values' base ([K, capacity, D] bf16, batch 1); cos, sin: rows start .. of the
  * rotary tables [*, R]. dedup: each distinct expert of a layer takes its rows in one product
@@ -226,8 +284,6 @@ int moespec_step(const Model *m, const int64_t *tokens, int64_t T, int64_t start
     }
     uint16_t *h = buf[0], *x = buf[1], *qkv = buf[2], *att = buf[3], *y = buf[4];
     uint16_t *hid = buf[5], *act = buf[6], *xg = buf[7], *rl = buf[8], *lm = buf[9];
-    int64_t *xrow = meta, *count = meta + S, *orow = meta + 2 * S, *pos = meta + 3 * S;
-    int64_t *order = meta + 4 * S;
     const uint16_t *embed = (const uint16_t *)P(m->embed);
     for (int64_t t = 0; t < T; t++) memcpy(h + t * H, embed + tokens[t] * H, (size_t)H * 2);
 
@@ -275,9 +331,7 @@ int moespec_step(const Model *m, const int64_t *tokens, int64_t T, int64_t start
             for (int64_t i = 0; i < T * H; i++) h[i] = bf(fl(h[i]) + fl(y[i]));
             continue;
         }
-        const int64_t k = L->top_k, R = T * k, I = ((const Product *)P(L->gate_up))->out / 2;
-        const Product *gate_up = (const Product *)P(L->gate_up);
-        const Product *down = (const Product *)P(L->down);
+        const int64_t k = L->top_k;
         if ((rc = product(m, &L->router, x, T, rl, threads))) goto done;
         for (int64_t t = 0; t < T; t++)
             route(rl + t * L->experts, L->experts, k, (int)L->renormalize, p, sid + t * k,
@@ -287,44 +341,9 @@ int moespec_step(const Model *m, const int64_t *tokens, int64_t T, int64_t start
                 memcpy(ids + (l * T + t) * top, sid + t * k, (size_t)k * 8);
                 memcpy(weights + (l * T + t) * top, w + t * k, (size_t)k * 4);
             }
-        /* pos[r]: the row of slot r (token-major) in hid/act/xg; the products in `order` */
-        int64_t n = 0;
-        if (!dedup) {
-            for (int64_t r = 0; r < R; r++) {
-                plist[r] = &gate_up[sid[r]];
-                xrow[r] = r / k, count[r] = 1, orow[r] = r, pos[r] = r;
-            }
-            n = R;
-            if ((rc = products(m, n, plist, x, T, xrow, count, hid, orow, threads, 1))) goto done;
-        } else { /* distinct experts in order of first appearance, their slots gathered */
-            int64_t filled = 0;
-            for (int64_t r = 0; r < R; r++) order[r] = -1;
-            for (int64_t r = 0; r < R; r++) {
-                if (order[r] >= 0) continue;
-                plist[n] = &gate_up[sid[r]];
-                xrow[n] = filled, orow[n] = filled, count[n] = 0;
-                for (int64_t q = r; q < R; q++)
-                    if (order[q] < 0 && sid[q] == sid[r]) {
-                        order[q] = n;
-                        pos[q] = filled++;
-                        count[n]++;
-                        memcpy(xg + pos[q] * H, x + (q / k) * H, (size_t)H * 2);
-                    }
-                n++;
-            }
-            if ((rc = products(m, n, plist, xg, R, xrow, count, hid, orow, threads, 1))) goto done;
-        }
-        swiglu(hid, R, I, act);
-        for (int64_t j = 0; j < n; j++)
-            plist[j] = &down[plist[j] - gate_up]; /* the same experts' down products */
-        if ((rc = products(m, n, plist, act, R, orow, count, xg, orow, threads, 1))) goto done;
-        for (int64_t t = 0; t < T; t++) /* each token's slots in slot order, rounded once */
-            for (int64_t i = 0; i < H; i++) {
-                float acc = 0.0f;
-                for (int64_t s = 0; s < k; s++)
-                    acc += fl(bf(fl(xg[pos[t * k + s] * H + i]) * fl(bf(w[t * k + s]))));
-                h[t * H + i] = bf(fl(h[t * H + i]) + fl(bf(acc)));
-            }
+        if ((rc = moe_experts(m, L, x, T, sid, w, dedup, hid, act, xg, meta, plist, h,
+                              threads)))
+            goto done;
     }
     int64_t first = all_logits ? 0 : T - 1, rows = T - first;
     for (int64_t t = first; t < T; t++)
@@ -334,5 +353,33 @@ int moespec_step(const Model *m, const int64_t *tokens, int64_t T, int64_t start
 done:
     for (int i = 0; i < nb; i++) free(buf[i]);
     free(p), free(w), free(sid), free(meta), free(plist);
+    return rc;
+}
+
+/* The expert operation of one MoE layer alone, as the model pass runs it (`moe_experts`): the
+ * calibration times this, so that its fits describe the engine's own expert operation. x
+ * [T, H] bf16 (H = m->hidden); ids, weights [T][L->top_k]; out [T, H] bf16 (overwritten with
+ * each row's combined expert outputs). Only m's hidden size, product functions and small-work
+ * threshold are read. Returns 0, 1 without memory, 2 when a native loop refused its shapes,
+ * 4 for an expert id outside 0 .. L->experts - 1 (nothing read). */
+int moespec_experts(const Model *m, const Layer *L, const uint16_t *x, int64_t T,
+                    const int64_t *ids, const float *weights, int dedup, uint16_t *out,
+                    int threads) {
+    const int64_t H = m->hidden, S = T * L->top_k;
+    const int64_t I = ((const Product *)P(L->gate_up))->out / 2;
+    for (int64_t r = 0; r < S; r++)
+        if (ids[r] < 0 || ids[r] >= L->experts) return 4;
+    uint16_t *hid = (uint16_t *)malloc((size_t)(S * 2 * I) * 2 + 64);
+    uint16_t *act = (uint16_t *)malloc((size_t)(S * I) * 2 + 64);
+    uint16_t *xg = (uint16_t *)malloc((size_t)(S * H) * 2 + 64);
+    int64_t *meta = (int64_t *)malloc((size_t)S * 40);
+    const Product **plist = (const Product **)malloc((size_t)(S > 1 ? S : 1) * sizeof(void *));
+    int rc = 1;
+    if (hid && act && xg && meta && plist) {
+        memset(out, 0, (size_t)(T * H) * 2); /* bf16 +0: the sum is each row's rounded output */
+        rc = moe_experts(m, L, x, T, ids, weights, dedup, hid, act, xg, meta, plist, out,
+                         threads);
+    }
+    free(hid), free(act), free(xg), free(meta), free(plist);
     return rc;
 }

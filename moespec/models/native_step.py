@@ -154,7 +154,126 @@ def unsupported(model) -> str | None:
     return None
 
 
-class NativeStep:
+def experts_unsupported(experts) -> str | None:
+    """Why `NativeExperts` cannot run these experts (one layer's ExpertWeights), or None."""
+    lib = nat.native()
+    if lib.lib is None:
+        return f"no native library: {lib.reason}"
+    if not lib.has("moespec_experts"):
+        return "the native library lacks moespec_experts"
+    if experts.dtype != torch.bfloat16:
+        return f"the native expert operation computes in bf16, the experts are {experts.dtype}"
+    if not experts.is_plain_swiglu or not experts.is_packed:
+        return "the experts are not packed plain SwiGLU experts"
+    weights = [*experts.packed_gate_up, *experts.packed_down]
+    if not all(_native_weight(w) for w in weights):
+        return "not every expert weight is in the native pair layout"
+    family = this_cpu()[2]
+    for kind, cls in (("bf16", PairWeight), ("int8", Int8Weight)):
+        if any(isinstance(w, cls) for w in weights):
+            name, why = nat.layout_function(kind, family)
+            if name is None:
+                return why
+    return None
+
+
+def _functions(lib, family: str) -> dict[str, int]:
+    """The addresses of this CPU family's bf16 and int8 pair-layout batch products (0: none)."""
+    out = {}
+    for kind in ("bf16", "int8"):
+        name, _ = nat.layout_function(kind, family)
+        fn = getattr(lib, f"{name}_batch", None) if name else None
+        out[kind] = ctypes.cast(fn, ctypes.c_void_p).value if fn else 0
+    return out
+
+
+class _Weights:
+    """The ctypes structures' view of tensors: their addresses, the tensors kept alive."""
+
+    def __init__(self):
+        self._keep = []  # every tensor and array whose address the structures hold
+
+    def _ptr(self, t: torch.Tensor) -> int:
+        t = t.contiguous()
+        self._keep.append(t)
+        return t.data_ptr()
+
+    def _product(self, w) -> _Product:
+        if isinstance(w, PairWeight):
+            data, scales = w.packed, 0
+        else:
+            data, scales = w.pairs, self._ptr(w.scales)
+        self._keep.append(data)
+        return _Product(data.data_ptr(), scales, w.shape[0], w.shape[1], w.nbytes)
+
+    def _products(self, weights) -> int:
+        array = (_Product * len(weights))(*[self._product(w) for w in weights])
+        self._keep.append(array)
+        return ctypes.addressof(array)
+
+
+class NativeExperts(_Weights):
+    """`experts(x [T, H] bf16, ids [T, m], weights [T, m], dedup) -> [T, H] bf16`: one MoE
+    layer's expert operation exactly as the native model pass runs it (step.c's
+    `moe_experts`: the same products, orders and rounding; slot and dedup give the same
+    bits). The calibration times this where the engine's passes run natively, so that its
+    fits describe the expert operation the engine runs."""
+
+    def __init__(self, experts, family: str | None = None):
+        super().__init__()
+        why = experts_unsupported(experts)
+        if why is not None:
+            raise ValueError(f"the native expert operation cannot run these experts: {why}")
+        lib = nat.native().lib
+        self._fn = lib.moespec_experts
+        self._fn.restype = ctypes.c_int
+        functions = _functions(lib, family or this_cpu()[2])
+        self.layer = _Layer(
+            experts=experts.num_experts,
+            gate_up=self._products(experts.packed_gate_up),
+            down=self._products(experts.packed_down),
+        )
+        self.hidden = experts.hidden_size
+        self.model = _Model(
+            layers=1,
+            hidden=self.hidden,
+            layer=ctypes.pointer(self.layer),
+            bf16_batch=functions["bf16"],
+            int8_batch=functions["int8"],
+            small_bytes=SMALL_WORK_BYTES,
+        )
+        self.openmp = nat.native().openmp
+
+    def __call__(self, x, ids, weights, dedup: bool) -> torch.Tensor:
+        tokens, top_k = ids.shape
+        if x.dtype != torch.bfloat16 or tuple(x.shape) != (tokens, self.hidden):
+            raise ValueError(f"x must be bf16 [{tokens}, {self.hidden}], got {x.dtype} {x.shape}")
+        self.layer.top_k = top_k
+        x = x.contiguous()
+        ids = ids.to(torch.int64).contiguous()
+        weights = weights.to(torch.float32).contiguous()
+        out = torch.empty(tokens, self.hidden, dtype=torch.bfloat16)
+        rc = self._fn(
+            ctypes.byref(self.model),
+            ctypes.byref(self.layer),
+            ctypes.c_void_p(x.data_ptr()),
+            _I64(tokens),
+            ctypes.c_void_p(ids.data_ptr()),
+            ctypes.c_void_p(weights.data_ptr()),
+            ctypes.c_int(bool(dedup)),
+            ctypes.c_void_p(out.data_ptr()),
+            ctypes.c_int(torch.get_num_threads() if self.openmp else 1),
+        )
+        if rc == 4:
+            raise IndexError(f"expert ids outside 0-{self.layer.experts - 1} in {ids.tolist()}")
+        if rc == 1:
+            raise MemoryError("native expert operation: no memory for its buffers")
+        if rc:
+            raise RuntimeError("native expert operation: a product refused its shapes")
+        return out
+
+
+class NativeStep(_Weights):
     """`step(tokens [1, T], cache, kernel, all_logits, routing_sink) -> logits` of a pass of
     T <= MAX_TOKENS tokens at the cache's length, as `Transformer.forward` returns them ([1, T, V]
     or [1, 1, V], float32); writes the pass's keys and values and advances the cache. The
@@ -163,21 +282,17 @@ class NativeStep:
     def __init__(self, model, family: str | None = None):
         # family: the CPU family whose loops to call (this CPU's; tests pass "avx2" on an
         # AVX-512 host to run the AVX2 loops, which read the same layout)
+        super().__init__()
         c = model.config
         lib = nat.native().lib
         family = family or this_cpu()[2]
         self._fn = lib.moespec_step
         self._fn.restype = ctypes.c_int
-        self._keep = []  # every tensor and array whose address the structures hold
         layers = (_Layer * len(model.layers))()
         for i, layer in enumerate(model.layers):
             layers[i] = self._layer(layer)
         self._layers = layers
-        functions = {}
-        for kind in ("bf16", "int8"):
-            name, _ = nat.layout_function(kind, family)
-            fn = getattr(lib, f"{name}_batch", None) if name else None
-            functions[kind] = ctypes.cast(fn, ctypes.c_void_p).value if fn else 0
+        functions = _functions(lib, family)
         self.model = _Model(
             layers=len(model.layers),
             hidden=c.hidden_size,
@@ -204,24 +319,6 @@ class NativeStep:
         self.openmp = nat.native().openmp
         self._cache_key, self._cache_ptrs = None, None
         self.passes = 0  # passes run natively
-
-    def _ptr(self, t: torch.Tensor) -> int:
-        t = t.contiguous()
-        self._keep.append(t)
-        return t.data_ptr()
-
-    def _product(self, w) -> _Product:
-        if isinstance(w, PairWeight):
-            data, scales = w.packed, 0
-        else:
-            data, scales = w.pairs, self._ptr(w.scales)
-        self._keep.append(data)
-        return _Product(data.data_ptr(), scales, w.shape[0], w.shape[1], w.nbytes)
-
-    def _products(self, weights) -> int:
-        array = (_Product * len(weights))(*[self._product(w) for w in weights])
-        self._keep.append(array)
-        return ctypes.addressof(array)
 
     def _layer(self, layer) -> _Layer:
         from moespec.models.moe import MoEBlock
