@@ -26,3 +26,26 @@ def test_measure_verify_writes_every_sample_and_keeps_an_existing_file(
     before = out.read_bytes()
     assert main(argv) == 2  # no --force: refused, the first result kept
     assert "exists" in capsys.readouterr().err and out.read_bytes() == before
+
+
+def test_each_round_times_every_pass_once_in_an_order_of_its_own(checkpoint_dir, monkeypatch):
+    """A fixed order made the first pass of every round the slow one (12-22% on the demo):
+    each round visits every (n, kernel) once, and the rounds' orders differ."""
+    from moespec.calibrate.verify import measure_verify
+    from moespec.models import load_model
+
+    model, tokenizer = load_model(checkpoint_dir("qwen3_moe")[0], dtype="fp32")
+    seen = []
+    forward = type(model).__call__
+
+    def recording(self, tokens, cache, **kwargs):
+        if cache.length == 8:  # a timed pass on the 8-token context (not the prefill)
+            seen.append((tokens.shape[-1], kwargs["kernel"]))
+        return forward(self, tokens, cache, **kwargs)
+
+    monkeypatch.setattr(type(model), "__call__", recording)
+    measure_verify(model, list(range(20)), depth=8, pass_sizes=(1, 2, 3), repeats=3, warmup=1)
+    cells = {(n, k) for n in (1, 2, 3) for k in ("slot", "dedup")}
+    rounds = [seen[i : i + 6] for i in range(0, len(seen), 6)]
+    assert len(rounds) == 4 and all(set(r) == cells for r in rounds)
+    assert len({tuple(r) for r in rounds}) > 1

@@ -117,3 +117,36 @@ def test_asking_for_the_native_operation_where_it_cannot_run_fails_in_one_line()
     with pytest.raises(SettingError, match="cannot be timed here: .*bf16"):
         ExpertOpBenchmark({0: fp32}, TOP_K, SETTINGS, native=True)
     assert "expert_operation" not in ExpertOpBenchmark({0: fp32}, TOP_K, SETTINGS).header
+
+
+def test_the_last_level_cache_is_read_from_linux(tmp_path):
+    from moespec.calibrate.timing import last_level_cache_bytes
+
+    for index, (level, kind, size) in enumerate(
+        [
+            (1, "Data", "48K"),
+            (1, "Instruction", "32K"),
+            (2, "Unified", "2048K"),
+            (3, "Unified", "32M"),
+        ]
+    ):
+        folder = tmp_path / f"index{index}"
+        folder.mkdir()
+        for name, value in (("level", level), ("type", kind), ("size", size)):
+            (folder / name).write_text(f"{value}\n")
+    assert last_level_cache_bytes(tmp_path) == 32 * 2**20
+    assert last_level_cache_bytes(tmp_path / "absent") is None
+
+
+def test_a_model_that_fits_in_the_last_level_cache_is_timed_warm(monkeypatch):
+    import moespec.calibrate.plan as plan
+    from moespec.demo import demo_paths
+    from moespec.models import load_model
+
+    model = load_model(demo_paths()[0], dtype="bf16")[0]  # 28.9 MB of weights
+    settings = BenchSettings(flush_bytes=None)
+    for cache, flush in ((32 * 2**20, 0), (16 * 2**20, 256 * 2**20), (None, 256 * 2**20)):
+        monkeypatch.setattr(plan, "last_level_cache_bytes", lambda cache=cache: cache)
+        assert plan.engine_cache_state(settings, model).flush_bytes == flush
+    given = BenchSettings(flush_bytes=2**20)
+    assert plan.engine_cache_state(given, model) is given  # a flush asked for is kept

@@ -25,7 +25,7 @@ import numpy as np
 import torch
 
 from moespec.calibrate.ids import chosen_ids, distinct_count, distinct_levels
-from moespec.calibrate.timing import CacheFlusher, median_iqr, time_runs
+from moespec.calibrate.timing import FLUSH_BYTES, CacheFlusher, median_iqr, time_runs
 from moespec.errors import SettingError, setting
 from moespec.kernels import ExpertWeights, get_kernel
 from moespec.models.native_step import KERNELS as NATIVE_KERNELS
@@ -59,7 +59,10 @@ class BenchSettings:
     chosen_levels: int = 5  # values of U per pass size
     repeats: int = 7
     warmup: int = 2
-    flush_bytes: int = 256 * 2**20
+    # bytes of the buffer touched before each timed run (0: none); None: the plan decides from
+    # the model's size and this CPU's last-level cache (`calibrate.plan.engine_cache_state`),
+    # a benchmark given None flushes FLUSH_BYTES
+    flush_bytes: int | None = None
     seed: int = 0
 
 
@@ -170,6 +173,7 @@ class ExpertOpBenchmark:
         todo = [c for c in self.cases() if c.key not in finished]
         device = next(iter(self.experts.values())).device
         flush_bytes = self.settings.flush_bytes
+        flush_bytes = FLUSH_BYTES if flush_bytes is None else flush_bytes
         flush = CacheFlusher(flush_bytes, device) if flush_bytes else None
         records = list(done)
         if raw_path.exists() and not raw_path.read_bytes().endswith(b"\n"):

@@ -32,6 +32,7 @@ import torch
 from moespec.calibrate.predict import ACCEPTANCES, anchored_predictions
 from moespec.calibrate.score import noise_floor, score_prediction
 from moespec.calibrate.timing import median_iqr, read_bandwidth
+from moespec.calibrate.verify import round_order
 from moespec.decoding import DraftLengthPolicy, KernelPolicy, OracleDrafter, generate
 from moespec.decoding.setup import greedy_reference
 from moespec.plan import Plan
@@ -108,13 +109,15 @@ class Evaluation:
         ]
         self.depth_offset = settings.tokens // 2
         self.verify_samples: dict[tuple[str, int], list[float]] = {}
+        self.rounds = random.Random(settings.seed)  # the verify rounds' orders
         self.phases: list[dict] = []
         self.diverged = 0  # runs whose output left the plain greedy continuation
 
     # -- verify times -------------------------------------------------------------------
     def verify_phase(self, keep: bool = True) -> None:
         """Time passes of n = 1..k_max+1 tokens of each prompt's continuation, both kernels,
-        interleaved, each on the cache of prompt + half the continuation, rolled back."""
+        interleaved in a fresh random order each round (`calibrate.verify.round_order`), each
+        on the cache of prompt + half the continuation, rolled back."""
         s, model = self.settings, self.model
         sizes = range(1, s.max_draft_length + 2)
         for prompt, reference in zip(self.prompts, self.references, strict=True):
@@ -123,15 +126,14 @@ class Evaluation:
             cache = model.new_cache(capacity=depth + max(sizes) + 1)
             model(torch.tensor(stream[:depth]), cache, kernel="dedup")
             for _ in range(s.verify_repeats):
-                for n in sizes:
-                    for kernel in self.kernels:
-                        batch = torch.tensor(stream[depth : depth + n])
-                        start = time.perf_counter()
-                        model(batch, cache, kernel=kernel, all_logits=True)
-                        elapsed = time.perf_counter() - start
-                        cache.rollback(depth)
-                        if keep:
-                            self.verify_samples.setdefault((kernel, n), []).append(elapsed)
+                for n, kernel in round_order(sizes, self.kernels, self.rounds):
+                    batch = torch.tensor(stream[depth : depth + n])
+                    start = time.perf_counter()
+                    model(batch, cache, kernel=kernel, all_logits=True)
+                    elapsed = time.perf_counter() - start
+                    cache.rollback(depth)
+                    if keep:
+                        self.verify_samples.setdefault((kernel, n), []).append(elapsed)
 
     # -- the sweep ----------------------------------------------------------------------
     def run_cell(self, acceptance: float, k: int, repeat: int) -> tuple[float, list]:

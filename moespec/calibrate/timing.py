@@ -9,10 +9,31 @@ after the last run.
 import statistics
 import time
 from collections.abc import Callable
+from pathlib import Path
 
 import torch
 
 FLUSH_BYTES = 256 * 2**20  # larger than the last-level cache of the machines we target
+
+
+def last_level_cache_bytes(cpu_dir: Path = Path("/sys/devices/system/cpu/cpu0/cache")):
+    """The size of this CPU's last-level cache as Linux reports it (the highest level's data
+    or unified cache), or None where it does not."""
+    best = None
+    for index in sorted(Path(cpu_dir).glob("index*")):
+        try:
+            level = int((index / "level").read_text())
+            kind = (index / "type").read_text().strip()
+            size = (index / "size").read_text().strip()
+        except (OSError, ValueError):
+            continue
+        if kind == "Instruction" or not size:
+            continue
+        units = {"K": 2**10, "M": 2**20, "G": 2**30}
+        number = int(size[:-1]) * units[size[-1]] if size[-1] in units else int(size)
+        if best is None or level > best[0]:
+            best = (level, number)
+    return None if best is None else best[1]
 
 
 class CacheFlusher:

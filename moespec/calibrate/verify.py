@@ -3,9 +3,14 @@ and the draft model's time per step h(k).
 
 A verification pass of n tokens runs on top of a context of `depth` tokens (teacher forced:
 the pass's tokens are the text's next tokens), is timed, and rolled back; kernels and pass
-sizes are interleaved within each repeat so slow drift of the machine spreads evenly.
+sizes are interleaved within each repeat so slow drift of the machine spreads evenly, in a
+fresh random order each repeat (`round_order`): in a fixed order the first pass of every round
+ran 12-22% slower than the same pass later in the round (on the demo target, whose one-token
+pass takes 0.3 ms), which made the per-slot kernel at n = 1 look slower than the identical
+deduplicating one.
 """
 
+import random
 import time
 from collections.abc import Sequence
 
@@ -28,9 +33,10 @@ def measure_verify(
     repeats: int = 10,
     warmup: int = 2,
     progress: Progress | None = None,
+    seed: int = 0,
 ) -> list[dict]:
     """[{kernel, n_tokens, seconds: [...], median, iqr}] of whole-model verify passes.
-    progress: reports each round (moespec.progress)."""
+    progress: reports each round (moespec.progress); seed: the rounds' orders."""
     from moespec.errors import setting
     from moespec.models.context import fit_context
 
@@ -47,16 +53,16 @@ def measure_verify(
     samples: dict[tuple[str, int], list[float]] = {}
     progress = progress or Progress(False)
     progress.start("measuring whole-model verify times", total=warmup + repeats, unit="rounds")
+    rounds = random.Random(seed)
     for repeat in range(warmup + repeats):
-        for n in pass_sizes:
-            for kernel in kernels:
-                batch = torch.tensor(tokens[depth : depth + n])
-                start = time.perf_counter()
-                model(batch, cache, kernel=kernel, all_logits=True)
-                elapsed = time.perf_counter() - start
-                cache.rollback(depth)
-                if repeat >= warmup:
-                    samples.setdefault((kernel, n), []).append(elapsed)
+        for n, kernel in round_order(pass_sizes, kernels, rounds):
+            batch = torch.tensor(tokens[depth : depth + n])
+            start = time.perf_counter()
+            model(batch, cache, kernel=kernel, all_logits=True)
+            elapsed = time.perf_counter() - start
+            cache.rollback(depth)
+            if repeat >= warmup:
+                samples.setdefault((kernel, n), []).append(elapsed)
         progress.advance()
     records = []
     for (kernel, n), values in sorted(samples.items(), key=lambda kv: (kv[0][1], kv[0][0])):
@@ -72,6 +78,12 @@ def measure_verify(
             }
         )
     return records
+
+
+def round_order(pass_sizes, kernels, rng: random.Random) -> list[tuple[int, str]]:
+    """One round of timed passes: every (pass size, kernel) once, in `rng`'s random order."""
+    cells = [(n, kernel) for n in pass_sizes for kernel in kernels]
+    return rng.sample(cells, len(cells))
 
 
 def verify_run(

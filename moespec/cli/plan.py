@@ -66,7 +66,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--repeats", type=positive_int, default=7, help="timed runs per case")
     parser.add_argument("--windows", type=positive_int, default=12, help="recorded windows per n")
     parser.add_argument(
-        "--flush-mib", type=non_negative_int, default=256, help="cache flush buffer (MiB)"
+        "--flush-mib",
+        type=non_negative_int,
+        default=None,
+        help="cache flush buffer before each timed run (MiB; 0: none); default: 256, or none"
+        " where the model's weights fit in this CPU's last-level cache (the engine then reads"
+        " them warm)",
     )
     parser.add_argument("--verify-repeats", type=positive_int, default=10)
     parser.add_argument(
@@ -126,7 +131,7 @@ def run(args: argparse.Namespace) -> int:
         kernels=kernels,
         pass_sizes=tuple(range(1, args.max_n + 1)),
         repeats=args.repeats,
-        flush_bytes=args.flush_mib * 2**20,
+        flush_bytes=None if args.flush_mib is None else args.flush_mib * 2**20,
     )
     out = Path(args.out)
     if args.shape:
