@@ -289,6 +289,11 @@ def test_evaluation_scores_every_version_on_one_run(plan_dir, tmp_path):
     here = result["versions"]["measured_time"]["prediction"]["verify_time"]["dedup"]
     shift = anchor - chain[0]
     assert here == pytest.approx([t + shift for t in chain])
+    # beside it, the calibrated version re-anchored by the ratio of the one-token times
+    calibrated = plan.predictions["calibrated"].verify_time["slot"]
+    by_ratio = result["versions"]["calibrated_by_ratio"]["prediction"]["verify_time"]["slot"]
+    assert by_ratio == pytest.approx([t * anchor / calibrated[0] for t in calibrated])
+    assert len(result["versions"]["calibrated_by_ratio"]["score"]) == 6
     assert 0 <= result["stream"]["decoded_reuse2"] <= 1
 
 
@@ -300,3 +305,25 @@ def test_evaluate_command_refuses_to_overwrite(plan_dir, tmp_path, capsys):
     assert code == 2
     assert "--force" in capsys.readouterr().err
     assert existing.read_text() == "{}"
+
+
+def test_ratio_anchoring_scales_the_plans_own_verify_times():
+    from moespec.calibrate.predict import ratio_anchored
+
+    # tau(1) was 2 ms in the plan's run and is 1 ms here; the version, anchored by difference
+    # on 1 ms, grows 0.5 and 1 ms: on the plan's anchor 2, 2.5, 3 ms, scaled by 1/2.
+    prediction = Prediction(
+        verify={
+            "slot": np.array([1.0, 1.5, 2.0]) * 1e-3,
+            "dedup": np.array([1.0, 1.4, 1.7]) * 1e-3,
+        },
+        expert_time={"slot": np.zeros(3), "dedup": np.zeros(3)},
+        bandwidth_error=0.05,
+        draft_time=np.zeros(3),
+    )
+    scaled = ratio_anchored(prediction, 1e-3, 2e-3)
+    assert scaled.verify["slot"] == pytest.approx([1e-3, 1.25e-3, 1.5e-3])
+    assert scaled.verify["dedup"] == pytest.approx([1e-3, 1.2e-3, 1.35e-3])
+    assert prediction.verify["slot"][2] == 2e-3  # the version itself is left as it was
+    same = ratio_anchored(prediction, 1e-3, 1e-3)  # no drift: both anchorings agree
+    assert same.verify["dedup"] == pytest.approx(prediction.verify["dedup"])

@@ -29,7 +29,7 @@ from dataclasses import asdict, dataclass
 import numpy as np
 import torch
 
-from moespec.calibrate.predict import ACCEPTANCES, anchored_predictions
+from moespec.calibrate.predict import ACCEPTANCES, anchored_predictions, ratio_anchored
 from moespec.calibrate.score import noise_floor, score_prediction
 from moespec.calibrate.timing import median_iqr, read_bandwidth
 from moespec.calibrate.verify import round_order
@@ -244,6 +244,9 @@ class Evaluation:
 def evaluate(plan: Plan, model, tokenizer, settings: EvaluationSettings, progress=None) -> dict:
     """Run the harness for a plan made for `model`; anchor each of the plan's versions on this
     run's tau_meas(1) and score it; the noise floor (k* from the sweep's own V(k)) beside.
+    The calibrated version is scored a second time re-anchored by the ratio of the one-token
+    times (`predict.ratio_anchored`, "calibrated_by_ratio"), the reading for drift between
+    the plan's run and this one that scales every pass alike.
 
     Returns settings, stream (depth, the decoded span's rho_hat(2) beside the plan's), sweep,
     verify_records, phases (read bandwidth before and after each), anchor, versions
@@ -264,6 +267,10 @@ def evaluate(plan: Plan, model, tokenizer, settings: EvaluationSettings, progres
         dedup_kernel=dedup,
         step_kernel=dedup,
     )
+    plan_plain = plan.measured_verify["slot"][0]
+    # the calibrated version's inputs are all whole-model times of the plan's run: scored
+    # also re-anchored by the ratio of the one-token times (drift that scales every pass)
+    versions["calibrated_by_ratio"] = ratio_anchored(versions["calibrated"], plain, plan_plain)
     scored = {}
     for name, prediction in versions.items():
         rules = score_prediction(
@@ -288,7 +295,7 @@ def evaluate(plan: Plan, model, tokenizer, settings: EvaluationSettings, progres
             "plan_reuse2": plan_reuse[1] if plan_reuse and len(plan_reuse) > 1 else None,
         },
         **results,
-        "anchor": {"plain_time": plain, "plan_plain_time": plan.measured_verify["slot"][0]},
+        "anchor": {"plain_time": plain, "plan_plain_time": plan_plain},
         "versions": scored,
         "noise_floor": {rule: {"holds": bool(h), "detail": d} for rule, (h, d) in floor.items()},
     }

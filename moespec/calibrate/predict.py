@@ -12,7 +12,7 @@ passes with deduplication off. From tau_hat follow S(n), the crossover, V_hat(k)
 speedup and the error bounds (17)-(21).
 """
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 
@@ -236,6 +236,20 @@ class Prediction:
         return out
 
 
+def ratio_anchored(prediction: "Prediction", plain_time: float, plan_plain_time: float):
+    """A version's verify times re-anchored by the ratio of the one-token times instead of
+    their difference: tau_hat(n) = tau_hat_plan(n) tau_meas(1) / tau_plan(1), with
+    tau_hat_plan(n) the version anchored on the plan's own tau(1). The reading for drift
+    that slows every pass alike between the plan's run and this one (on these 2-core hosts
+    tau(1), tau(5) and tau(9) of the demo moved by 1.50x, 1.43x and 1.28x together within
+    a minute); eq. 22's difference is the reading for drift that adds a fixed time."""
+    ratio = plain_time / plan_plain_time
+    plan_verify = {
+        k: (v - plain_time) + plan_plain_time for k, v in prediction.verify.items()
+    }  # the same version anchored on the plan's tau(1)
+    return replace(prediction, verify={k: v * ratio for k, v in plan_verify.items()})
+
+
 def anchored_predictions(
     chain: dict,
     plain_time: float,
@@ -252,8 +266,9 @@ def anchored_predictions(
     out = {}
     for version, tables in chain.layer_times.items():
         times = {k: np.asarray(v) for k, v in tables.items()}
+        verify = verify_times(plain_time, times, growth if version == "calibrated" else None)
         out[version] = Prediction(
-            verify=verify_times(plain_time, times, growth if version == "calibrated" else None),
+            verify=verify,
             expert_time={k: v.sum(axis=0) for k, v in times.items()},
             bandwidth_error=bandwidth_error,
             draft_time=np.asarray(draft_time, dtype=float),
