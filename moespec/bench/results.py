@@ -207,7 +207,7 @@ RESULTS = [
             "python benchmarks/scorecard.py demo-bf16 "
             f"--out {RESULTS_DIR}/scorecard/demo-bf16 --force",
         ),
-        30,
+        7,
     ),
     Result(
         "plan-olmoe4L-bf16",
