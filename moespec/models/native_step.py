@@ -95,16 +95,31 @@ def _native_weight(w) -> bool:
     return isinstance(w, Int8Weight) and w.pairs is not None
 
 
+def _library_lacks(symbol: str) -> str | None:
+    lib = nat.native()
+    if lib.lib is None:
+        return f"no native library: {lib.reason}"
+    return None if lib.has(symbol) else f"the native library lacks {symbol}"
+
+
+def _loops_lack(weights) -> str | None:
+    """Why this CPU has no pair-layout loop for some of `weights` (bf16 or int8), or None."""
+    family = this_cpu()[2]
+    for kind, cls in (("bf16", PairWeight), ("int8", Int8Weight)):
+        if any(isinstance(w, cls) for w in weights):
+            name, why = nat.layout_function(kind, family)
+            if name is None:
+                return why
+    return None
+
+
 def unsupported(model) -> str | None:
     """Why the native pass cannot run `model`, or None when it can."""
     from moespec.models.layers import Attention, DenseMLP
     from moespec.models.moe import MoEBlock
 
-    lib = nat.native()
-    if lib.lib is None:
-        return f"no native library: {lib.reason}"
-    if not lib.has("moespec_step"):
-        return "the native library lacks moespec_step"
+    if (why := _library_lacks("moespec_step")) is not None:
+        return why
     if model.dtype != torch.bfloat16:
         return f"the native pass computes in bf16, the model in {model.dtype}"
     if nat.attention_function() is None:
@@ -145,22 +160,13 @@ def unsupported(model) -> str | None:
             return f"layer {i}'s MLP is not in the native pass"
     if not all(_native_weight(w) for w in products):
         return "not every weight is in the native pair layout (load the model packed)"
-    family = this_cpu()[2]
-    for kind, cls in (("bf16", PairWeight), ("int8", Int8Weight)):
-        if any(isinstance(w, cls) for w in products):
-            name, why = nat.layout_function(kind, family)
-            if name is None:
-                return why
-    return None
+    return _loops_lack(products)
 
 
 def experts_unsupported(experts) -> str | None:
     """Why `NativeExperts` cannot run these experts (one layer's ExpertWeights), or None."""
-    lib = nat.native()
-    if lib.lib is None:
-        return f"no native library: {lib.reason}"
-    if not lib.has("moespec_experts"):
-        return "the native library lacks moespec_experts"
+    if (why := _library_lacks("moespec_experts")) is not None:
+        return why
     if experts.dtype != torch.bfloat16:
         return f"the native expert operation computes in bf16, the experts are {experts.dtype}"
     if not experts.is_plain_swiglu or not experts.is_packed:
@@ -168,13 +174,7 @@ def experts_unsupported(experts) -> str | None:
     weights = [*experts.packed_gate_up, *experts.packed_down]
     if not all(_native_weight(w) for w in weights):
         return "not every expert weight is in the native pair layout"
-    family = this_cpu()[2]
-    for kind, cls in (("bf16", PairWeight), ("int8", Int8Weight)):
-        if any(isinstance(w, cls) for w in weights):
-            name, why = nat.layout_function(kind, family)
-            if name is None:
-                return why
-    return None
+    return _loops_lack(weights)
 
 
 def _functions(lib, family: str) -> dict[str, int]:
