@@ -184,10 +184,10 @@ def bench_run(settings: BenchSettings, layers: list[int], windows: int) -> Bench
 def engine_cache_state(settings: BenchSettings, model) -> BenchSettings:
     """The settings with the cache flush resolved (`flush_bytes` None: decided here) to the
     state the engine's passes meet: a model whose weights fit in this CPU's last-level cache
-    is read warm from it step after step, so its expert operation is timed warm (no flush:
-    the demo target's one-layer dedup time is 38 us warm against 239 us flushed, at n = 1);
-    a larger model streams its weights from memory, so each timed run follows a flush, as
-    seed 000 times it."""
+    is read warm from it step after step, so its expert operation is timed warm (no flush; in
+    a session check one demo target layer's dedup operation took about 6x longer flushed at
+    n = 1); a larger model streams its weights from memory, so each timed run follows a
+    flush, as seed 000 times it."""
     if settings.flush_bytes is not None:
         return settings
     parts = model.parameter_bytes()

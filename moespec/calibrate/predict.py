@@ -266,9 +266,8 @@ def anchored_predictions(
     out = {}
     for version, tables in chain.layer_times.items():
         times = {k: np.asarray(v) for k, v in tables.items()}
-        verify = verify_times(plain_time, times, growth if version == "calibrated" else None)
         out[version] = Prediction(
-            verify=verify,
+            verify=verify_times(plain_time, times, growth if version == "calibrated" else None),
             expert_time={k: v.sum(axis=0) for k, v in times.items()},
             bandwidth_error=bandwidth_error,
             draft_time=np.asarray(draft_time, dtype=float),

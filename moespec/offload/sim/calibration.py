@@ -42,6 +42,7 @@ LAYER_MS_RANGE = (0.73 / 1.2, 0.78 * 1.2)
 GAMMAS = (2, 4, 6, 8)
 ACCEPTANCE = 0.73
 STOP_RECALLS = (0.0, 0.25, 0.5, 0.75, 1.0)
+STATIC = ("static", "static-ar")
 
 
 def gate_settings(workload, *, tokens: int = 512, seed: int = 0, draft_stop: float = 0.0):
@@ -91,9 +92,6 @@ def _drafting_runs(workload, profile, settings, progress) -> dict:
             workload, "spac", profile, replace(settings, draft_length=gamma), progress
         )
     return runs
-
-
-STATIC = ("static", "static-ar")
 
 
 def stop_sweep(workload, profile, *, tokens=512, seed=0, recalls=STOP_RECALLS, progress=None):
