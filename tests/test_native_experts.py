@@ -79,7 +79,15 @@ def test_expert_ids_outside_the_layer_are_refused():
         native(x, ids, weights, dedup=True)
 
 
+def needs_the_library():
+    from moespec.kernels import native as nat
+
+    if nat.native().lib is None:
+        pytest.skip(f"no native library here: {nat.native().reason}")
+
+
 def test_experts_the_native_operation_cannot_take_are_named():
+    needs_the_library()
     assert "bf16" in experts_unsupported(make_experts(dtype=torch.float32))
     with pytest.raises(ValueError, match="cannot run these experts"):
         NativeExperts(make_experts(dtype=torch.float32))
@@ -113,6 +121,7 @@ def test_the_calibration_times_the_native_operation_where_the_experts_take_it(
 
 
 def test_asking_for_the_native_operation_where_it_cannot_run_fails_in_one_line():
+    needs_the_library()
     fp32 = make_experts(dtype=torch.float32)
     with pytest.raises(SettingError, match="cannot be timed here: .*bf16"):
         ExpertOpBenchmark({0: fp32}, TOP_K, SETTINGS, native=True)
