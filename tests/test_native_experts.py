@@ -71,12 +71,14 @@ def test_slot_and_dedup_give_each_row_its_one_row_bits():
         assert torch.equal(row, slot[t : t + 1])
 
 
-def test_expert_ids_outside_the_layer_are_refused():
+def test_expert_ids_outside_the_layer_and_misshapen_weights_are_refused():
     _, native = native_experts()
     x, ids, weights = routing(2)
     ids[1, 0] = E
     with pytest.raises(IndexError, match=f"outside 0-{E - 1}"):
         native(x, ids, weights, dedup=True)
+    with pytest.raises(ValueError, match="routing weights"):
+        native(x, ids[:, :1] % E, weights, dedup=True)  # weights of another shape
 
 
 def needs_the_library():

@@ -29,6 +29,7 @@ from moespec.calibrate.timing import FLUSH_BYTES, CacheFlusher, median_iqr, time
 from moespec.errors import SettingError, setting
 from moespec.kernels import ExpertWeights, get_kernel
 from moespec.models.native_step import KERNELS as NATIVE_KERNELS
+from moespec.models.native_step import NativeExperts, experts_unsupported
 from moespec.progress import Progress, using
 
 FORMAT = "moespec-expert-op-bench/1"
@@ -193,8 +194,6 @@ class ExpertOpBenchmark:
 
 def _native_operations(experts: dict, native: bool | None) -> dict:
     """{layer: NativeExperts} when the native expert operation is to be timed, else {}."""
-    from moespec.models.native_step import NativeExperts, experts_unsupported
-
     if native is False:
         return {}
     why = next(filter(None, (experts_unsupported(e) for e in experts.values())), None)

@@ -248,6 +248,8 @@ class NativeExperts(_Weights):
         tokens, top_k = ids.shape
         if x.dtype != torch.bfloat16 or tuple(x.shape) != (tokens, self.hidden):
             raise ValueError(f"x must be bf16 [{tokens}, {self.hidden}], got {x.dtype} {x.shape}")
+        if weights.shape != ids.shape:
+            raise ValueError(f"routing weights {tuple(weights.shape)} and ids {tuple(ids.shape)}")
         self.layer.top_k = top_k
         x = x.contiguous()
         ids = ids.to(torch.int64).contiguous()
