@@ -242,7 +242,8 @@ def ratio_anchored(prediction: "Prediction", plain_time: float, plan_plain_time:
     tau_hat_plan(n) the version anchored on the plan's own tau(1). The reading for drift
     that slows every pass alike between the plan's run and this one (on these 2-core hosts
     tau(1), tau(5) and tau(9) of the demo moved by 1.50x, 1.43x and 1.28x together within
-    a minute); eq. 22's difference is the reading for drift that adds a fixed time."""
+    a minute, in a session check); eq. 22's difference is the reading for drift that adds a
+    fixed time."""
     ratio = plain_time / plan_plain_time
     plan_verify = {
         k: (v - plain_time) + plan_plain_time for k, v in prediction.verify.items()
