@@ -17,6 +17,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from moespec.cli.options import number_in
 from moespec.files import check_writable, write_json
 from moespec.offload import get_profile
 from moespec.offload.sim.calibration import gate, stop_sweep
@@ -31,7 +32,7 @@ def main() -> int:
     parser.add_argument("--tokens", type=int, default=512)
     parser.add_argument("--fit-tokens", type=int, default=256)
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--draft-stop", type=float, default=0.0, metavar="S")
+    parser.add_argument("--draft-stop", type=number_in(0.0, 1.0), default=0.0, metavar="S")
     parser.add_argument("--force", action="store_true")
     args = parser.parse_args()
     check_writable(args.out, force=args.force)
@@ -45,7 +46,13 @@ def main() -> int:
     )
     start = time.perf_counter()
     result = gate(workload, profile, tokens=args.tokens, seed=args.seed, draft_stop=args.draft_stop)
-    sweep = stop_sweep(workload, profile, tokens=args.tokens, seed=args.seed)
+    sweep = stop_sweep(
+        workload,
+        profile,
+        tokens=args.tokens,
+        seed=args.seed,
+        done={args.draft_stop: result["runs"]},
+    )
     seconds = time.perf_counter() - start
     for name, check in result["checks"].items():
         if name != "met":

@@ -20,6 +20,8 @@ import argparse
 import json
 import sys
 
+from moespec.cli.options import number_in
+
 HELP = "simulate expert offloading policies (MoE-SpAc and baselines) on a hardware profile"
 DEFAULT_POLICIES = "spac,lru,static,hybrid,spac-ar"
 
@@ -39,7 +41,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--acceptance", type=float, default=0.7, metavar="A")
     parser.add_argument(
         "--draft-stop",
-        type=float,
+        type=number_in(0.0, 1.0),
         default=0.0,
         metavar="S",
         help="after the first rejected draft, the chance drafting stops short of K (llama.cpp's"

@@ -177,6 +177,14 @@ def experts_unsupported(experts) -> str | None:
     return _loops_lack(weights)
 
 
+def _raise_for(rc: int, what: str) -> None:
+    """The error of a native call's return code beyond its own (1: memory, else shapes)."""
+    if rc == 1:
+        raise MemoryError(f"{what}: no memory for its buffers")
+    if rc:
+        raise RuntimeError(f"{what}: a product refused its shapes")
+
+
 def _functions(lib, family: str) -> dict[str, int]:
     """The addresses of this CPU family's bf16 and int8 pair-layout batch products (0: none)."""
     out = {}
@@ -268,10 +276,7 @@ class NativeExperts(_Weights):
         )
         if rc == 4:
             raise IndexError(f"expert ids outside 0-{self.layer.experts - 1} in {ids.tolist()}")
-        if rc == 1:
-            raise MemoryError("native expert operation: no memory for its buffers")
-        if rc:
-            raise RuntimeError("native expert operation: a product refused its shapes")
+        _raise_for(rc, "native expert operation")
         return out
 
 
@@ -399,10 +404,7 @@ class NativeStep(_Weights):
         )
         if rc == 3:
             raise IndexError(f"token ids outside the vocabulary (0-{self.vocab - 1}) in {tokens}")
-        if rc == 1:
-            raise MemoryError("native pass: no memory for its buffers")
-        if rc:
-            raise RuntimeError("native pass: a product refused its shapes")
+        _raise_for(rc, "native pass")
         cache.advance(length)
         self.passes += 1
         if sink is not None:

@@ -94,13 +94,18 @@ def _drafting_runs(workload, profile, settings, progress) -> dict:
     return runs
 
 
-def stop_sweep(workload, profile, *, tokens=512, seed=0, recalls=STOP_RECALLS, progress=None):
+def stop_sweep(
+    workload, profile, *, tokens=512, seed=0, recalls=STOP_RECALLS, done=None, progress=None
+):
     """[{draft_stop, sd_ratio, gamma tokens/s, each check's verdict}] at each stop recall:
-    the two checks that the drafting decides, on the gate's workload and settings."""
+    the two checks that the drafting decides, on the gate's workload and settings. done:
+    {recall: the gate's runs at it}, reused instead of simulated again."""
     rows = []
     for recall in recalls:
-        settings = gate_settings(workload, tokens=tokens, seed=seed, draft_stop=recall)
-        runs = _drafting_runs(workload, profile, settings, progress)
+        runs = (done or {}).get(recall)
+        if runs is None:
+            settings = gate_settings(workload, tokens=tokens, seed=seed, draft_stop=recall)
+            runs = _drafting_runs(workload, profile, settings, progress)
         by_gamma = [runs[f"spac@{g}"]["tokens_per_second"] for g in GAMMAS]
         sd = runs["static"]["tokens_per_second"] / runs["static-ar"]["tokens_per_second"]
         rows.append(
