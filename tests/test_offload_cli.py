@@ -32,7 +32,7 @@ def test_json_is_keyed_by_policy_with_the_promised_fields(capsys, trace_file):
     code, out, _ = run_cli(capsys, "--trace", trace_file, "--tokens", 40, "--json")
     assert code == 0
     results = json.loads(out)
-    assert list(results) == ["spac", "lru", "static", "hybrid", "spac-ar"]
+    assert list(results) == ["spac", "lru", "static", "static-layers", "hybrid", "spac-ar"]
     for r in results.values():
         assert {"tokens_per_second", "hit_rate", "bytes_copied"} <= set(r)
         assert r["tokens"] == 40

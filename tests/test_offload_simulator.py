@@ -57,6 +57,24 @@ def test_static_placement_computes_the_cold_expert_on_the_cpu():
     )
 
 
+def test_llamacpp_placement_holds_the_last_whole_layers_whatever_the_routing():
+    # 4 layers of 4 one-MB experts; a 45% budget (7.2 MB) holds one whole layer, the last
+    # (`--n-cpu-moe 3`), and no part of another, though the fit split makes layer 0's expert 1
+    # the hottest expert of all. Every token is then a hit at layer 3 and a CPU expert elsewhere.
+    rng = np.random.default_rng(0)
+    ids = rng.integers(0, 4, size=(40, 4, 1))
+    ids[:10, 0, 0] = 1
+    trace = RoutingTrace(ids, [0, 40], ["doc"], 4, [10**6] * 4, [0, 1, 2, 3])
+    result = run("static-layers", trace, cache_ratio=0.45, draft_length=0, tokens=30, fit_tokens=10)
+    assert result.preload_bytes == 4 * 10**6
+    assert result.hit_rate == pytest.approx(0.25)
+    assert (result.stats.bytes_copied, result.stats.cpu_experts) == (0, 90)
+    # A token: three layers of one CPU expert (1 ms each), one of an accelerator expert (0.1 ms).
+    assert result.seconds == pytest.approx(30 * 3.1e-3)
+    popular = run("static", trace, cache_ratio=0.45, draft_length=0, tokens=30, fit_tokens=10)
+    assert popular.preload_bytes == 7 * 10**6  # per expert: the budget's 7 hottest
+
+
 def test_previous_pass_forecast_is_scored_beside_the_policy():
     # Plain decoding of experts 0, 0, 1, 1 of 4: the previous pass's forecast is right about
     # 3, 4, 2 and 4 of the 4 experts (nothing is active before the first pass).

@@ -14,8 +14,8 @@ draft cost; a step without a draft is a plain step. Temperature 0 is greedy.
 --compare-plain decodes without speculation too, in --rounds paired rounds of alternating
 order after an equal warm-up, and reports the median of the rounds' speedups with its range.
 
-With --offload POLICY (spac, lru, static, hybrid, spac-ar, ...) the target's experts live in
-host memory and an expert cache of --expert-cache-ratio R of their bytes (or
+With --offload POLICY (spac, lru, static, static-layers, hybrid, spac-ar, ...) the target's
+experts live in host memory and an expert cache of --expert-cache-ratio R of their bytes (or
 --expert-cache-bytes B) on the compute device; the policy decides per layer which experts run
 from the cache, are copied in, or run on the CPU. The prompt runs on the host and is the fit
 split of the policy (or --offload-fit TRACE). A budget holding every expert runs in memory.
@@ -154,7 +154,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--offload",
         metavar="POLICY",
         help="keep experts in host memory behind a device cache run by POLICY: spac, lru, "
-        "static, hybrid, spac-ar (spac without speculation), or a SpAc ablation",
+        "static, static-layers (llama.cpp's whole layers), hybrid, spac-ar (spac without "
+        "speculation), or a SpAc ablation",
     )
     budget = offload.add_mutually_exclusive_group()
     budget.add_argument(

@@ -2,12 +2,13 @@
 
 Replays a recorded trace (--trace FILE) or a synthetic one of a built-in model shape
 (--synthetic MODEL, fitted to the shape's published rho(2) or --reuse2) through each policy
-(spac, lru, static, hybrid, spac-ar; baselines without speculation as lru-ar, static-ar,
-hybrid-ar; SpAc ablations as spac-no-estimator, spac-fixed-bounds, spac-static-tau,
-spac-no-prefetch, spac-no-evict, spac-no-sd, spac-literal-delta, spac-release,
-spac-count-adaptive, spac-level), with speculative steps of
---draft-length k at geometric --acceptance a, under one cache budget (--expert-cache-ratio of all
-expert bytes), on a hardware profile (rtx4090-pcie4, a100-pcie4, this-machine, or a JSON file).
+(spac, lru, static, static-layers (llama.cpp's whole-layer placement), hybrid, spac-ar;
+baselines without speculation as lru-ar, static-ar, static-layers-ar, hybrid-ar; SpAc ablations
+as spac-no-estimator, spac-fixed-bounds, spac-static-tau, spac-no-prefetch, spac-no-evict,
+spac-no-sd, spac-literal-delta, spac-release, spac-count-adaptive, spac-level), with
+speculative steps of --draft-length k at geometric --acceptance a, under one cache budget
+(--expert-cache-ratio of all expert bytes), on a hardware profile (rtx4090-pcie4, rtx4090-avx2,
+a100-pcie4, this-machine, or a JSON file).
 Prints tokens/s, latency per token, cache hit rate, hot/cold accuracy (beside that of the
 forecast "active in the previous pass"), frequency sMAPE and
 bytes copied per policy. --report DIR also simulates the comparisons of the MoE-SpAc paper
@@ -23,7 +24,7 @@ import sys
 from moespec.cli.options import number_in
 
 HELP = "simulate expert offloading policies (MoE-SpAc and baselines) on a hardware profile"
-DEFAULT_POLICIES = "spac,lru,static,hybrid,spac-ar"
+DEFAULT_POLICIES = "spac,lru,static,static-layers,hybrid,spac-ar"
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

@@ -13,7 +13,12 @@ result = simulate(trace, policy, get_profile("rtx4090-pcie4"), SimulationSetting
 
 from moespec.offload.driver import LayerDriver, OffloadStats, expert_cache_budget
 from moespec.offload.policies.base import ExpertCache, LayerPlan, LayerTiming, OffloadPolicy
-from moespec.offload.policies.baselines import HybridPolicy, LRUPolicy, StaticPolicy
+from moespec.offload.policies.baselines import (
+    HybridPolicy,
+    LayerStaticPolicy,
+    LRUPolicy,
+    StaticPolicy,
+)
 from moespec.offload.policies.spac import ABLATIONS, SpAcConfig, SpAcPolicy, spac_variant
 from moespec.offload.sim.hardware import (
     PROFILES,
@@ -23,8 +28,13 @@ from moespec.offload.sim.hardware import (
 )
 from moespec.offload.sim.simulator import SimulationResult, SimulationSettings, simulate
 
-BASELINES = {"lru": LRUPolicy, "static": StaticPolicy, "hybrid": HybridPolicy}
-POLICY_NAMES = ["spac", "lru", "static", "hybrid", "spac-ar"]
+BASELINES = {
+    "lru": LRUPolicy,
+    "static": StaticPolicy,
+    "static-layers": LayerStaticPolicy,
+    "hybrid": HybridPolicy,
+}
+POLICY_NAMES = ["spac", "lru", "static", "static-layers", "hybrid", "spac-ar"]
 
 
 def make_policy(name: str) -> OffloadPolicy:
@@ -57,6 +67,7 @@ __all__ = [
     "HybridPolicy",
     "LRUPolicy",
     "LayerDriver",
+    "LayerStaticPolicy",
     "LayerPlan",
     "LayerTiming",
     "OffloadPolicy",

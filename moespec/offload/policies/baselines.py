@@ -8,8 +8,15 @@
   cache holds, so every expert would be evicted just before its layer came round again.
   When nothing can leave the cache (all in use: a budget below one layer's needs), the expert
   runs on the CPU instead, and the simulator counts it.
-- `StaticPolicy`: the most frequent experts of the fit split placed once (llama.cpp `-ot`,
-  Fiddler style), every other expert computed on the CPU; nothing moves at run time.
+- `StaticPolicy`: the most frequent experts of the fit split placed once (Fiddler style), every
+  other expert computed on the CPU; nothing moves at run time.
+- `LayerStaticPolicy` (`static-layers`, llama.cpp's reading): whole layers' experts placed once.
+  llama.cpp keeps the experts of a layer in one tensor per projection, so `--n-cpu-moe N` (or an
+  `-ot` pattern over `ffn_*_exps`) places experts a layer at a time: the experts of the first
+  N MoE layers stay in host memory and run on the CPU, those of the rest on the accelerator.
+  Under a budget the accelerator holds the last layers whose experts fit whole; its hit rate
+  is the fraction of layers placed, whatever the routing. Seed 003's llama.cpp baselines run
+  this way (its authors' release starts from `-ot "\\.ffn_(up|down|gate)_exps"=CPU`).
 - `HybridPolicy` (HybriMoE-like, our reading of Zhong et al. 2025 from seed 003 App. I.3): a
   score-based cache (score = exponentially decayed slot count, lowest score evicted); per layer
   a greedy CPU/accelerator split over the misses, hottest first, each to the side that finishes
@@ -63,6 +70,23 @@ class StaticPolicy(OffloadPolicy):
     def plan_layer(self, layer, experts, counts, now) -> LayerPlan:
         cached = self.cache.present[layer, experts]
         return LayerPlan(accelerator=experts[cached], cpu=experts[~cached], fetch=EMPTY)
+
+
+class LayerStaticPolicy(StaticPolicy):
+    name = "static-layers"
+
+    def preload(self, frequencies: np.ndarray) -> list[tuple[int, int]]:
+        """All experts of the last layers whose experts fit whole (`--n-cpu-moe`); routing
+        frequencies play no part, as in llama.cpp."""
+        cache, loaded = self.cache, []
+        for layer in reversed(range(cache.num_layers)):
+            if cache.num_experts * int(cache.expert_bytes[layer]) > cache.free_bytes:
+                break
+            for expert in range(cache.num_experts):
+                cache.insert(layer, expert, ready_at=-np.inf)
+                self.admitted(layer, expert)
+                loaded.append((layer, expert))
+        return loaded
 
 
 class HybridPolicy(OffloadPolicy):

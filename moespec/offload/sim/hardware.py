@@ -120,7 +120,13 @@ _AMX_HOST = (
     ),
 )
 _AVX2_HOST = (
-    ("cpu_bandwidth", "desktop dual-channel DDR5-5600: 89.6 GB/s nominal, ~60 GB/s reached"),
+    (
+        "cpu_bandwidth",
+        "desktop dual-channel DDR5-5600: 89.6 GB/s nominal, ~60 GB/s reached; seed 003's own"
+        " host reads about as fast on llama.cpp's f16 CPU path: App. G's llama.cpp layer, CPU"
+        " bound, of 8 Qwen3-30B-A3B experts (75.5 MB) in 1.26-1.35 ms is 56-60 GB/s; on this"
+        " profile the calibration gate's llama.cpp runs at 13.5 tokens/s (Table 1: 15.23)",
+    ),
     ("cpu_flops", "AVX2 bf16->fp32 FMA on 16 cores, ~0.8 TFLOP/s"),
     ("cpu_expert_time", "thread-pool dispatch and join per expert, ~20 us"),
     ("host_memory_bandwidth", "the same two channels serve CPU and copies: ~70 GB/s in all"),
