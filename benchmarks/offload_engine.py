@@ -14,7 +14,10 @@ warmed once, then measured once per round for --repeats rounds (the median run r
 in-memory arm without speculation is the calibration point: it sets the profile's fixed time
 per layer (Python dispatch, attention, everything but experts and dense weights); every other
 row is a prediction, and the gate is met when each lies within --gate-tolerance (20%) of its
-measured tokens/s (exit status 1 otherwise, after the JSON is written).
+measured tokens/s (exit status 1 otherwise, after the JSON is written). The profile is
+measured in every round too, beside the arms, and each of its figures is the median over the
+rounds (its range in the JSON): a figure timed once moved up to 2.7x between runs on a busy
+host.
 
 Expert mode (--synthetic SHAPE): random experts of a built-in shape (MoE layers cut by
 --layers) replayed through the executor alone with the simulator's own steps (same seeded
@@ -62,7 +65,8 @@ def main() -> int:
     # prediction of the calibrated profile.
     arms = {"in-memory-ar": (None, False), "in-memory": (None, True)}
     arms.update({name: (name, make_policy(name).speculative) for name in policies})
-    measured = measure_in_rounds(bench, arms, args.repeats)
+    measured, profiles = measure_in_rounds(bench, arms, args.repeats)
+    bench.profile, profile_ranges = median_profile(profiles)
     calibration = bench.calibrate(bench.row(None, False, measured["in-memory-ar"]))
     results = {arm: bench.row(*arms[arm], measured[arm]) for arm in arms}
     for name in policies:
@@ -79,6 +83,7 @@ def main() -> int:
             "settings": {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()},
             "workload": bench.description,
             "profile": bench.profile.to_dict(),
+            "profile_ranges": profile_ranges,
             "calibration": {k: v for k, v in calibration.items() if k != "measured"},
             "results": results,
             "gate": gate,
@@ -136,16 +141,32 @@ class Bench:
         return 0.0
 
 
-def measure_in_rounds(bench, arms: dict, repeats: int) -> dict:
-    """Every arm warmed once, then `repeats` rounds measuring each arm once, in order: load
-    from elsewhere on the machine falls on every arm alike. The median run of each arm."""
+def measure_in_rounds(bench, arms: dict, repeats: int) -> tuple[dict, list]:
+    """Every arm warmed once, then `repeats` rounds measuring the profile and each arm once,
+    in order: load from elsewhere on the machine falls on every arm and on the profile alike.
+    The median run of each arm, and the rounds' profiles."""
     for name, speculative in arms.values():
         bench.measure(name, speculative)
-    runs = {arm: [] for arm in arms}
+    runs, profiles = {arm: [] for arm in arms}, []
     for _ in range(repeats):
+        profiles.append(bench.measure_profile())
         for arm, (name, speculative) in arms.items():
             runs[arm].append(bench.measure(name, speculative))
-    return {arm: median_run(r) for arm, r in runs.items()}
+    return {arm: median_run(r) for arm, r in runs.items()}, profiles
+
+
+def median_profile(profiles: list) -> tuple:
+    """One profile whose every number is the median of the rounds' (the rest as the first's),
+    and {field: [low, high]} over the rounds for the numbers that moved."""
+    from dataclasses import fields
+
+    first, medians, ranges = profiles[0], {}, {}
+    for field in fields(first):
+        values = [getattr(p, field.name) for p in profiles]
+        if isinstance(values[0], float) and len(set(values)) > 1:
+            medians[field.name] = float(np.median(values))
+            ranges[field.name] = [min(values), max(values)]
+    return replace(first, **medians), ranges
 
 
 def prediction_gate(results: dict, tolerance: float) -> dict:
@@ -251,7 +272,7 @@ class CheckpointBench(Bench):
         self.reference = [t for r in records for t in r.tokens]
         self.trace = routing_trace(self.model, self.prompt + self.reference)
         self.fit = self.trace.first_tokens(len(self.prompt))
-        self.profile = this_machine(self.model, args.kernel)
+        self.profile = None  # measured in the rounds (measure_in_rounds, median_profile)
         dense = self.model.parameter_bytes()["dense"] / self.trace.num_layers
         self.sim_settings = dict(
             fit_tokens=len(self.prompt),
@@ -290,6 +311,14 @@ class CheckpointBench(Bench):
                 times[size].append(self.clock() - start)
                 cache.rollback(len(context))
         return 1e3 * (float(np.median(times[n][1:])) - float(np.median(times[1][1:])))
+
+    def measure_profile(self):
+        """`this-machine` at the model's expert size, its link timed between a store and a
+        pool of the engine's sizes (every expert; the cache budget)."""
+        total = self.trace.num_experts * sum(self.trace.expert_bytes)
+        ratio = self.args.expert_cache_ratio
+        budget = expert_cache_budget(total, self.trace.expert_bytes[0], ratio=ratio)
+        return this_machine(self.model, self.args.kernel, total, budget)
 
     def measure(self, policy_name: str | None, speculate: bool) -> dict:
         args, model = self.args, self.model
@@ -376,12 +405,20 @@ def routing_trace(model, tokens: list[int]) -> RoutingTrace:
     )
 
 
-def this_machine(model, kernel: str):
+def this_machine(model, kernel: str, store_bytes: int, pool_bytes: int):
+    """`this-machine` at the model's expert size, its link timed between a store and a pool of
+    the engine's own sizes."""
     from moespec.offload.sim.hardware import measure_this_machine
 
     block = next(iter(model.moe_blocks.values()))
     e = block.experts
-    return measure_this_machine(e.hidden_size, e.intermediate_size, kernel=kernel)
+    return measure_this_machine(
+        e.hidden_size,
+        e.intermediate_size,
+        kernel=kernel,
+        store_bytes=store_bytes,
+        pool_bytes=pool_bytes,
+    )
 
 
 class ExpertBench(Bench):
@@ -417,7 +454,7 @@ class ExpertBench(Bench):
             seed=args.seed,
         )
         self.fit = self.trace.first_tokens(args.fit_tokens)
-        self.profile = expert_profile(self.experts[0], args.device)
+        self.profile = None  # measured in the rounds (measure_in_rounds, median_profile)
         self.hidden, self.dtype = hidden, dtype
         # In memory: every expert on the device (for a CUDA run, they must fit there).
         self.resident = [
@@ -450,6 +487,9 @@ class ExpertBench(Bench):
             step = min(accepted + 1, k + 1, self.args.tokens - emitted)
             yield pos, k + 1, step
             pos, emitted = pos + step, emitted + step
+
+    def measure_profile(self):
+        return expert_profile(self.experts[0], self.args.device)
 
     def measure(self, name: str | None, speculative: bool) -> dict:
         """Replay the trace through the executor (None: the kernel on resident experts)."""

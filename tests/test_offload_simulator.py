@@ -225,9 +225,14 @@ def test_this_machine_profile_is_measured_with_the_engine_kernel(tmp_path):
 
     from moespec.offload.sim.hardware import load_profile, measure_this_machine
 
-    profile = measure_this_machine(hidden_size=256, intermediate_size=64, repeats=2, kernel="slot")
+    profile = measure_this_machine(
+        hidden_size=256, intermediate_size=64, repeats=2, kernel="slot", store_bytes=1 << 21,
+        pool_bytes=1 << 20,
+    )  # fmt: skip
     assert profile.cpu_bandwidth == profile.accelerator_bandwidth > 0
     assert math.isfinite(profile.cpu_bandwidth) and profile.link_bandwidth > 0
+    # the link through the engine's copy thread: a hand-off time and a finite copy rate
+    assert math.isfinite(profile.link_bandwidth) and 0 <= profile.link_latency < 0.1
     assert profile.cpu_expert_time >= 0 and profile.kernel_call_time >= 0
     assert 0.0 <= profile.tier_overlap <= 1.0
     path = tmp_path / "profile.json"

@@ -15,8 +15,9 @@ Bandwidths are *effective* figures (what a copy or an expert kernel reaches), no
 peaks; each preset says which nominal figure it starts from and why it is lowered. They are
 modelling assumptions fixed before any simulation was run, not fitted to a result.
 
-`measure_this_machine()` builds a CPU-only profile from two small torch measurements on the
-machine it runs on; `load_profile(path)` reads any profile from JSON (a calibration file).
+`measure_this_machine()` builds a CPU-only profile from small measurements of the engine's own
+expert kernels and copy thread on the machine it runs on; `load_profile(path)` reads any
+profile from JSON (a calibration file).
 """
 
 import json
@@ -239,11 +240,28 @@ def load_profile(path) -> HardwareProfile:
     return HardwareProfile(**{k: v for k, v in data.items() if k in names})
 
 
-def _best_time(fn, repeats: int) -> float:
-    """The best of `repeats` runs after one warm-up (caches and lazy initialisation)."""
+def _typical_time(fn, repeats: int) -> float:
+    """The median of `repeats` runs after two warm-ups: what a run typically costs here (the
+    engine pays typical runs; the best of a few moved 2.7x between profiles on a busy host)."""
+    import statistics
+
     from moespec.calibrate.timing import time_runs
 
-    return min(time_runs(fn, repeats=repeats, warmup=1))
+    return statistics.median(time_runs(fn, repeats=repeats, warmup=2))
+
+
+def _store_bytes(store_bytes: int | None) -> int:
+    """An expert store's bytes: as given, else twice the last-level cache (64 MiB unknown)."""
+    from moespec.calibrate.timing import last_level_cache_bytes
+
+    return store_bytes if store_bytes is not None else 2 * (last_level_cache_bytes() or 32 << 20)
+
+
+def _store_of_experts(hidden_size: int, intermediate_size: int, store_bytes: int, multiple=1):
+    """float32 experts filling `store_bytes` (at least 2, a multiple of `multiple`)."""
+    w = 3 * hidden_size * intermediate_size * 4
+    count = max(2, -(-store_bytes // w))
+    return _one_expert(hidden_size, intermediate_size, -(-count // multiple) * multiple)
 
 
 def _one_expert(hidden_size: int, intermediate_size: int, count: int = 1):
@@ -258,35 +276,47 @@ def _one_expert(hidden_size: int, intermediate_size: int, count: int = 1):
     )
 
 
-def _expert_run(experts, tokens: int, expert: int = 0, kernel: str = "dedup"):
-    """f(): the engine's `kernel` applying one expert to `tokens` rows (one group of rows)."""
+def _expert_run(experts, tokens: int, expert: int = 0, kernel: str = "dedup", cycle=False):
+    """f(): the engine's `kernel` applying one expert to `tokens` rows (one group of rows);
+    with `cycle`, each call the next expert of `experts` (a store read as the engine reads it)."""
+    import itertools
+
     import torch
 
     from moespec.kernels import get_kernel
 
     run_kernel = get_kernel(kernel)
     x = torch.randn(tokens, experts.hidden_size)
-    ids = torch.full((tokens, 1), expert, dtype=torch.long)
     gates = torch.ones(tokens, 1)
+    order = itertools.cycle(range(experts.num_experts)) if cycle else itertools.repeat(expert)
+    ids = [torch.full((tokens, 1), e, dtype=torch.long) for e in range(experts.num_experts)]
 
     def run():
         with torch.inference_mode():
-            return run_kernel(x, ids, gates, experts)
+            return run_kernel(x, ids[next(order)], gates, experts)
 
     return run
 
 
 def measure_this_machine(
-    hidden_size: int = 2048, intermediate_size: int = 768, repeats: int = 5, kernel=None
+    hidden_size: int = 2048,
+    intermediate_size: int = 768,
+    repeats: int = 31,
+    kernel=None,
+    store_bytes: int | None = None,
+    pool_bytes: int | None = None,
 ) -> HardwareProfile:
     """A CPU-only profile measured here: both tiers are this CPU, the link is a memory copy.
 
-    link_bandwidth: a 64 MiB tensor copied into another (bytes of the expert store moved per
-    second, the copy a CPU engine does between its host store and its "device" cache);
+    link_bandwidth, link_latency: the engine's own link (`link_times`): one expert fetched
+    through its copy thread, from the hand-off to the copy done, at two sizes, between a
+    store of `store_bytes` and a pool of `pool_bytes` (the engine's; see `link_times`);
     cpu/accelerator bandwidth: one expert of the given size applied to one token by the
-    engine's deduplicating kernel (`moespec.kernels`), weight bytes over the best time; fixed
+    engine's deduplicating kernel (`moespec.kernels`), weight bytes over the time; fixed
     time: the same expert at 1/16 of the size, what does not shrink with the bytes; FLOP
-    rate: the extra time of 16 tokens over 1 (one group of 16 rows).
+    rate: the extra time of 16 tokens over 1 (one group of 16 rows). Each time is the median
+    of `repeats` calls, each call taking the next expert of a store of `store_bytes`, as the
+    engine's calls read experts the cache does not hold.
     The expert is float32: torch's CPU bf16 matvec paths vary by shape by up to 100x, and a
     bandwidth is bytes read per second whatever their type. With `kernel` (a moespec expert
     kernel's name), the fixed times come from that kernel as the engine calls it
@@ -297,14 +327,15 @@ def measure_this_machine(
     import torch
 
     threads = torch.get_num_threads()
-    source = torch.empty(64 << 20, dtype=torch.uint8)
-    target = torch.empty_like(source)
-    copy_time = _best_time(lambda: target.copy_(source), repeats)
-    link_bandwidth = source.numel() / copy_time
+    link_latency, link_bandwidth = link_times(
+        hidden_size, intermediate_size, store_bytes=store_bytes, pool_bytes=pool_bytes
+    )
+    store = _store_bytes(store_bytes)
 
     def expert_time(h: int, i: int, tokens: int = 1) -> tuple[float, int]:
-        experts = _one_expert(h, i)
-        return _best_time(_expert_run(experts, tokens), repeats), experts.bytes_per_expert
+        experts = _store_of_experts(h, i, store)
+        run = _expert_run(experts, tokens, cycle=True)
+        return _typical_time(run, repeats), experts.bytes_per_expert
 
     seconds, nbytes = expert_time(hidden_size, intermediate_size)
     small_seconds, small_bytes = expert_time(hidden_size // 4, intermediate_size // 4)
@@ -313,7 +344,9 @@ def measure_this_machine(
     fixed = max(small_seconds - small_bytes / bandwidth, 0.0)
     call = 0.0
     if kernel is not None:  # the engine's kernel: its time per call beyond its experts' time
-        call, fixed = kernel_times(kernel, hidden_size, intermediate_size, bandwidth, 40)
+        call, fixed = kernel_times(
+            kernel, hidden_size, intermediate_size, bandwidth, repeats, store_bytes=store
+        )
     # The FLOP rate from the extra time of 16 tokens over 1 (2 FLOP per weight per token).
     batch_seconds, _ = expert_time(hidden_size, intermediate_size, tokens=16)
     flops = 2 * (nbytes / 4) * 15 / max(batch_seconds - seconds, 1e-9)
@@ -321,7 +354,7 @@ def measure_this_machine(
     return HardwareProfile(
         name=THIS_MACHINE,
         link_bandwidth=link_bandwidth,
-        link_latency=0.0,
+        link_latency=link_latency,
         accelerator_bandwidth=bandwidth,
         accelerator_flops=flops,
         accelerator_expert_time=fixed,
@@ -335,8 +368,18 @@ def measure_this_machine(
         decisions_on_clock=True,
         note=f"measured with torch {torch.__version__} on {threads} threads",
         sources=(
-            ("link_bandwidth", "measured: a 64 MiB tensor copy, best of the repeats"),
-            ("cpu_bandwidth", "measured: one expert on one token, against one at 1/16 size"),
+            (
+                "link_bandwidth",
+                "measured: fetches through the engine's link thread, at the expert's size and"
+                " a quarter of it, the slope of the medians",
+            ),
+            ("link_latency", "measured: the same two points' intercept (the thread hand-off)"),
+            (
+                "cpu_bandwidth",
+                "measured: one expert on one token, against one at 1/16 size, each the median"
+                " of the repeats over a store of the engine's bytes (successive calls take"
+                " successive experts, so they read memory the cache does not hold)",
+            ),
             ("cpu_expert_time", "measured: the same two points' intercept"),
             ("cpu_flops", "measured: 16 tokens against 1 on the expert"),
             ("kernel_call_time", "measured: the engine's kernel on 1 and 4 experts, one row each"),
@@ -346,30 +389,105 @@ def measure_this_machine(
     )
 
 
-def kernel_times(kernel: str, hidden_size: int, intermediate_size: int, bandwidth, repeats=5):
+def link_times(
+    hidden_size: int,
+    intermediate_size: int,
+    copies: int = 200,
+    store_bytes: int | None = None,
+    pool_bytes: int | None = None,
+) -> tuple[float, float]:
+    """(s per copy beyond its bytes, bytes/s) of the offload engine's link on this CPU.
+
+    A fetch as the executor makes one: a `CopyJob` handed to the engine's `Link` thread under
+    its lock, then waited for until issued. The median round trip of `copies` fetches at the
+    expert's size and at half its hidden and intermediate sizes (a quarter of the bytes) gives
+    two points on t = latency + bytes / bandwidth. The fetches read a store of `store_bytes`
+    and write a slot pool of `pool_bytes` (the engine's expert bytes and cache budget; each
+    twice the last-level cache by default, 64 MiB where Linux does not say): whether the
+    engine's copies meet the cache depends on both. The pool is written once first, as the
+    engine's slots are after warm-up. The median,
+    not the best: the engine pays the hand-off it gets, and a thread's wake-up varies.
+    """
+    import statistics
+    import threading
+    import time
+
+    from moespec.offload.engine.tiers import CopyJob, CpuBackend, ExpertStore, Link, SlotPool
+
+    store_bytes, pool_bytes = _store_bytes(store_bytes), _store_bytes(pool_bytes)
+
+    def median_fetch(h: int, i: int) -> tuple[float, int]:
+        w = _one_expert(h, i).bytes_per_expert
+        count, slots = max(2, -(-store_bytes // w)), max(2, -(-pool_bytes // w))
+        experts = _one_expert(h, i, count)
+        backend, lock = CpuBackend(), threading.Condition()
+        store = ExpertStore([experts], backend)
+        pool = SlotPool(slots, experts, backend.device)
+        pool.weights.gate_up.zero_(), pool.weights.down.zero_()  # pages mapped, as after warm-up
+        link = Link(pool, store, backend, lock, lambda: None, lambda job: None)
+        times = []
+        try:
+            for n in range(copies + 4):  # the first four warm the thread
+                job = CopyJob(0, n % count, n % slots, "fetch")
+                start = time.perf_counter()
+                with lock:
+                    link.fetches.append(job)
+                    if link.waiting:
+                        lock.notify_all()
+                while not job.wait_issued(0.5):
+                    if link.error is not None:
+                        raise link.error
+                times.append(time.perf_counter() - start)
+        finally:
+            link.close()
+        return statistics.median(times[4:]), experts.bytes_per_expert
+
+    # Both points cycle through stores and pools of the same bytes: the same share of cache.
+    big, big_bytes = median_fetch(hidden_size, intermediate_size)
+    small, small_bytes = median_fetch(max(hidden_size // 2, 1), max(intermediate_size // 2, 1))
+    bandwidth = (big_bytes - small_bytes) / max(big - small, 1e-9)
+    return max(small - small_bytes / bandwidth, 0.0), bandwidth
+
+
+def kernel_times(
+    kernel: str,
+    hidden_size: int,
+    intermediate_size: int,
+    bandwidth,
+    repeats=31,
+    store_bytes: int | None = None,
+):
     """(s per call, s per expert beyond its bytes at `bandwidth`) of a moespec expert kernel
-    as the engine calls a tier: U rows, one expert each (U = 1 and 4), float32 experts."""
+    as the engine calls a tier: U rows, one expert each (U = 1 and 4), float32 experts taken
+    in turn from a store of `store_bytes` (see `_store_bytes`); medians of `repeats` calls."""
+    import itertools
+
     import torch
 
     from moespec.kernels import get_kernel
 
     run_kernel, count = get_kernel(kernel), 4
-    experts = _one_expert(hidden_size, intermediate_size, count)
+    experts = _store_of_experts(hidden_size, intermediate_size, _store_bytes(store_bytes), count)
     w = experts.bytes_per_expert
 
     def timed(rows: int) -> float:
         x = torch.randn(rows, hidden_size)
-        ids = torch.arange(rows)[:, None]
         gates = torch.ones(rows, 1)
-        with torch.inference_mode():
-            return _best_time(lambda: run_kernel(x, ids, gates, experts), repeats)
+        groups = itertools.cycle(range(0, experts.num_experts, count))
+        ids = {g: torch.arange(g, g + rows)[:, None] for g in range(0, experts.num_experts, count)}
+
+        def run():
+            with torch.inference_mode():
+                return run_kernel(x, ids[next(groups)], gates, experts)
+
+        return _typical_time(run, repeats)
 
     one, four = timed(1), timed(count)
     per_expert = max((four - one) / (count - 1) - w / bandwidth, 0.0)
     return max(one - per_expert - w / bandwidth, 0.0), per_expert
 
 
-def tier_overlap(hidden_size: int, intermediate_size: int, repeats: int = 5) -> float:
+def tier_overlap(hidden_size: int, intermediate_size: int, repeats: int = 31) -> float:
     """How far two tiers' expert work overlaps on this machine, in [0, 1]: the engine's kernel
     on one expert alone (t1) against two experts at once in two threads (t2), 2 - t2 / t1 (1:
     in parallel, as two devices; 0: one after the other, as on one busy core)."""
@@ -389,6 +507,6 @@ def tier_overlap(hidden_size: int, intermediate_size: int, repeats: int = 5) -> 
         for t in threads:
             t.join()
 
-    alone = _best_time(lambda: product(runs[0]), repeats)
-    together = _best_time(both, repeats)
+    alone = _typical_time(lambda: product(runs[0]), repeats)
+    together = _typical_time(both, repeats)
     return min(max(2.0 - together / alone, 0.0), 1.0)
