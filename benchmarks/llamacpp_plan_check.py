@@ -22,8 +22,9 @@ For each GGUF of the checkpoint (written by moespec's exporter), at --threads th
    each drafted position is the stream's token with probability a, else a wrong one, so the
    accepted count is geometric; the first wrong position and those after it carry another
    token, so the pass routes as a rejected draft would. Tokens/s = emitted tokens / time
-   after the prefill; cells (a, k) run in --rounds interleaved rounds (the order reversed on
-   odd rounds), the median per cell;
+   after the prefill; cells (a, k) run in --rounds rounds, each cell once per round in a
+   random order, every cell of a round on the same per-position draft flags (common random
+   numbers, as moespec's own evaluation: cells differ only in a and k), the median per cell;
 3. seed 000's rules (moespec.calibrate.score): k̂* within one of the measured best at >= 9 of
    11 acceptances, throughput lost by following the plan <= 6%, and verify time within 15%
    at n >= 2 against the sweep's own passes (a measurement the plan never saw); beside them the
@@ -58,19 +59,17 @@ from moespec.files import check_writable, write_json  # noqa: E402
 from moespec.provenance import machine  # noqa: E402
 
 
-def oracle_run(engine, prompt, reference, acceptance, k, tokens, rng, passes) -> float:
+def oracle_run(engine, prompt, reference, acceptance, k, tokens, flags, passes) -> float:
     """Seconds per emitted token of speculative decoding with oracle drafts of length k;
-    every pass's time goes into passes[n]."""
+    every pass's time goes into passes[n]. flags: the round's common random numbers
+    (`llamacpp.round_flags`), read by `llamacpp.oracle_draft`."""
     engine.prefill(prompt)  # its last logits give reference[0], the current token
     emitted, position = 1, 0  # reference[position] is the current token, not yet cached
     start = time.perf_counter()
     while emitted < tokens:
-        draft = list(reference[position + 1 : position + 1 + k])
-        accepted = 0
-        while accepted < len(draft) and rng.random() < acceptance:
-            accepted += 1
-        for i in range(accepted, len(draft)):  # a wrong token from the first rejected one
-            draft[i] = (draft[i] + 1) % engine.vocab_size
+        draft, accepted = llamacpp.oracle_draft(
+            reference, position + 1, k, acceptance, flags, engine.vocab_size
+        )
         length = engine.length
         begin = time.perf_counter()
         predicted = engine.forward([reference[position], *draft]).argmax(axis=1)
@@ -83,12 +82,17 @@ def oracle_run(engine, prompt, reference, acceptance, k, tokens, rng, passes) ->
 
 
 def sweep(engine, prompt, reference, args, rng):
+    """Every (a, k) cell once per round, in a random order, all on the round's flags: cells
+    differ only in a and k (common random numbers), so acceptance sampling moves no
+    comparison between them; rounds differ in flags and order."""
     cells = [(a, k) for a in ACCEPTANCE_GRID for k in range(args.max_n)]
     seconds: dict = {}
     passes: dict = {}
     for round_ in range(args.rounds):
-        for a, k in cells if round_ % 2 == 0 else reversed(cells):
-            value = oracle_run(engine, prompt, reference, a, k, args.tokens, rng, passes)
+        flags = llamacpp.round_flags(rng, len(reference), engine.vocab_size)
+        for i in rng.permutation(len(cells)):
+            a, k = cells[i]
+            value = oracle_run(engine, prompt, reference, a, k, args.tokens, flags, passes)
             seconds.setdefault((a, k), []).append(value)
         print(f"  sweep round {round_ + 1} done", flush=True)
     by_acceptance = {

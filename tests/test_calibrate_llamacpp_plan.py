@@ -94,3 +94,38 @@ def test_the_plan_measures_llamacpp_and_prints_its_flags(tmp_path, capsys):
     assert ("--spec-draft-n-max" in printed) == (k > 0)
     assert "0.98" in printed  # the k*(a) table
     assert main(argv) == 2  # an existing plan is kept without --force
+
+
+def test_the_oracle_draft_shares_its_flags_across_draft_lengths():
+    """Common random numbers: with one round's flags every k sees the same accepted run (cut
+    at k), and the drafts from the first rejected position on are the stream's tokens shifted
+    by that round's shifts, so they never equal the stream's."""
+    import numpy as np
+
+    from moespec.calibrate.llamacpp import oracle_draft, round_flags
+
+    vocab = 50
+    reference = [(7 * i) % vocab for i in range(40)]
+    uniforms = [0.1, 0.2, 0.9, 0.3, 0.95, 0.05] + [0.5] * 34
+    shifts = [1 + i % (vocab - 1) for i in range(40)]
+    flags = (uniforms, shifts)
+    runs = []
+    for k in range(9):
+        draft, accepted = oracle_draft(reference, 0, k, 0.8, flags, vocab)
+        runs.append(accepted)
+        assert len(draft) == k and draft[:accepted] == reference[:accepted]
+        for i in range(accepted, k):
+            assert draft[i] == (reference[i] + shifts[i]) % vocab != reference[i]
+    # positions 0 and 1 accepted (0.1, 0.2 < 0.8), position 2 rejected (0.9): the run is 2
+    assert runs == [0, 1, 2, 2, 2, 2, 2, 2, 2]
+    # from position 3 (the next pass after that rejection): 0.3 accepted, 0.95 rejected
+    assert oracle_draft(reference, 3, 4, 0.8, flags, vocab)[1] == 1
+    # a round's flags: one uniform and one nonzero shift below the vocabulary per position
+    u, s = round_flags(np.random.default_rng(0), 1000, vocab)
+    assert len(u) == len(s) == 1000 and all(0 <= x < 1 for x in u)
+    assert min(s) >= 1 and max(s) <= vocab - 1
+    # at acceptance a, the accepted run from a position is geometric, capped at k = 8: mean
+    # sum_j a^j = 1.4748 at a = 0.6 (standard error of 1,000 runs about 0.06)
+    a, (u, s) = 0.6, round_flags(np.random.default_rng(1), 10_000, vocab)
+    runs = [oracle_draft(range(10_000), p, 8, a, (u, s), vocab)[1] for p in range(0, 9990, 10)]
+    assert abs(np.mean(runs) - sum(a**j for j in range(1, 9))) < 0.2

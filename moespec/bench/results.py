@@ -271,10 +271,10 @@ RESULTS = [
         ("llamacpp_plan_check.json",),
         (
             "python benchmarks/llamacpp_plan_check.py --shape olmoe --types bf16,q8_0 "
-            "--threads 1 --tokens 128 --rounds 2 --verify-repeats 10 "
+            "--threads 1 --tokens 128 --rounds 3 --verify-repeats 10 "
             f"--trace-documents 2 --out {RESULTS_DIR}/llamacpp_plan_check.json --force",
         ),
-        37,
+        55,
     ),
     Result(
         "int8-decode",

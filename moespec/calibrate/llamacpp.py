@@ -188,6 +188,29 @@ def measure_draft_time(
     return times
 
 
+def round_flags(rng: np.random.Generator, length: int, vocab_size: int):
+    """One sweep round's common random numbers for the oracle (`oracle_draft`): a uniform and a
+    shift in 1..vocab-1 per position of the reference stream, shared by every (a, k) cell of
+    the round, so that cells differ only in a and k."""
+    return rng.random(length).tolist(), rng.integers(1, max(vocab_size, 2), length).tolist()
+
+
+def oracle_draft(reference, first: int, k: int, acceptance: float, flags, vocab_size: int):
+    """(draft, accepted): the oracle's k drafts from stream position `first` on the round's
+    `flags` (uniforms, shifts). Position p's draft is accepted while uniforms[p] < acceptance
+    (a geometric run at rate a); from the first one that is not, every draft of the pass is
+    the stream's token shifted by shifts[p], so the pass routes as a rejected draft would. With
+    the same flags a longer k keeps every accepted run a shorter k saw."""
+    uniforms, shifts = flags
+    draft = list(reference[first : first + k])
+    accepted = 0
+    while accepted < len(draft) and uniforms[first + accepted] < acceptance:
+        accepted += 1
+    for i in range(accepted, len(draft)):
+        draft[i] = (draft[i] + shifts[first + i]) % vocab_size
+    return draft, accepted
+
+
 def versions() -> dict:
     """llama-cpp-python's version and llama.cpp's (its build commit is not exposed)."""
     llama_cpp = import_llama_cpp()
