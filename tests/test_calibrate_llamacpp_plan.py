@@ -129,3 +129,20 @@ def test_the_oracle_draft_shares_its_flags_across_draft_lengths():
     a, (u, s) = 0.6, round_flags(np.random.default_rng(1), 10_000, vocab)
     runs = [oracle_draft(range(10_000), p, 8, a, (u, s), vocab)[1] for p in range(0, 9990, 10)]
     assert abs(np.mean(runs) - sum(a**j for j in range(1, 9))) < 0.2
+
+
+def test_the_one_token_pass_is_its_own_path_and_the_fit_covers_the_batched_ones():
+    """A vector path for one row, 2.6x faster than a line through the batched passes says:
+    τ̂(1) is the measured τ(1), τ̂(n >= 2) the fit of n >= 2 alone (exact here, so ε = 0);
+    with fewer than four batched passes measured, one fit over every n as before."""
+    from moespec.calibrate.llamacpp_plan import verify_prediction
+
+    n = list(range(1, 10))
+    batched = [0.030 + 0.002 * k + b / 20e9 for k, b in zip(n, BYTES, strict=True)]
+    seconds = [0.012] + batched[1:]
+    predicted, fit, epsilon = verify_prediction(n, BYTES, seconds)
+    assert predicted[0] == 0.012
+    np.testing.assert_allclose(predicted[1:], batched[1:], rtol=1e-9)
+    assert epsilon == pytest.approx(0.0, abs=1e-6)
+    short, _, _ = verify_prediction(n[:4], BYTES[:4], seconds[:4])
+    assert short[0] != 0.012  # three batched passes: the old fit over all four
