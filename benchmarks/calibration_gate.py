@@ -1,13 +1,14 @@
 """Benchmark: the simulator's calibration gate in seed 003's setting (sim.calibration).
 
-Qwen3-30B-A3B shapes, synthetic routing at rho(2) = 0.48, an RTX 4090 on PCIe 4.0 (profile
-rtx4090-avx2 unless --profile), batch 1, k = 8, a = 0.73, a 25% cache, llama.cpp as
-whole-layer static placement. Prints every figure beside the paper's and writes them as
-JSON; exits 1 when a check is missed (the JSON is written first). The gate runs at
---draft-stop S (the simulator's reading of llama.cpp's confidence stop; 0: every step drafts
-k), or by default at the recall fitted to Table 1's llama.cpp sd_ratio (`fit_draft_stop`;
-sd_ratio is then marked fitted); the two checks that drafting decides are also run at each
-stop recall of the sweep (`stop_sweep` in the JSON).
+Qwen3-30B-A3B shapes, synthetic routing at rho(2) = 0.48 and rho(9) = 0.78 with each document's
+popularity the share --local-popularity its own (one request of 512 tokens after a fit split of
+--fit-documents others), an RTX 4090 on PCIe 4.0 (profile rtx4090-avx2 unless --profile), batch
+1, k = 8, a = 0.73, a 25% cache, llama.cpp as whole-layer static placement. Prints every figure
+beside the paper's and writes them as JSON; exits 1 when a check is missed (the JSON is written
+first). The gate runs at --draft-stop S (the simulator's reading of llama.cpp's confidence
+stop; 0: every step drafts k), or by default at the recall fitted to Table 1's llama.cpp
+sd_ratio (`fit_draft_stop`; sd_ratio is then marked fitted); the two checks that drafting
+decides are also run at each stop recall of the sweep (`stop_sweep` in the JSON).
 
     python benchmarks/calibration_gate.py --out FILE [--tokens 512] [--profile NAME]
         [--draft-stop S|fit]
@@ -23,8 +24,11 @@ from moespec.cli.options import number_in
 from moespec.files import check_writable, write_json
 from moespec.offload import get_profile
 from moespec.offload.sim.calibration import (
+    FIT_DOCUMENTS,
+    FIT_TOKENS,
     GATE_PROFILE,
     LLAMACPP,
+    LOCAL_POPULARITY,
     PAPER_SPAC,
     PAPER_STATIC_SD,
     fit_draft_stop,
@@ -40,7 +44,11 @@ def main() -> int:
     parser.add_argument("--out", required=True, type=Path)
     parser.add_argument("--profile", default=GATE_PROFILE)
     parser.add_argument("--tokens", type=int, default=512)
-    parser.add_argument("--fit-tokens", type=int, default=256)
+    parser.add_argument("--fit-tokens", type=int, default=FIT_TOKENS)
+    parser.add_argument("--fit-documents", type=int, default=FIT_DOCUMENTS)
+    parser.add_argument(
+        "--local-popularity", type=number_in(0.0, 1.0), default=LOCAL_POPULARITY, metavar="B"
+    )
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--draft-stop", type=_stop, default="fit", metavar="S|fit")
     parser.add_argument("--force", action="store_true")
@@ -51,7 +59,9 @@ def main() -> int:
         "qwen3-30b-a3b",
         tokens=args.tokens + 9,
         fit_tokens=args.fit_tokens,
+        fit_documents=args.fit_documents,
         reuse2=0.48,
+        local_popularity=args.local_popularity,
         seed=args.seed,
     )
     start = time.perf_counter()

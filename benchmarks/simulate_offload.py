@@ -1,15 +1,15 @@
 """Benchmark: MoE-SpAc vs the baselines in the offload simulator, Qwen3-30B-A3B shapes.
 
-Synthetic routing fitted to rho(2) = 0.48 (48 MoE layers, 128 experts, top-8), the
-calibration gate's profile (an RTX 4090 on PCIe 4.0, `sim.calibration.GATE_PROFILE`) and
-drafting (the draft stop's recall the gate used, read from calibration_gate.json), a 25%
-expert cache, k = 8, a = 0.73. Writes headline.json (tokens/s, latency, hit rate, accuracy,
-bytes copied per policy, with the wall time of each simulation, machine and versions; SpAc
-over the baselines of each decoding mode apart, and over llama.cpp's whole-layer placement
-with speculation, the paper's 1.42x) and, unless --no-report, the Table 1 / Table 2 /
-Figure 5 report into --out. Its figures count only where benchmarks/calibration_gate.py
-passes (calibration_gate.json beside it): without that it exits 1 before simulating, unless
---ignore-gate (then headline.json says counts: false).
+Synthetic routing fitted to rho(2) = 0.48 (48 MoE layers, 128 experts, top-8), the calibration
+gate's profile (an RTX 4090 on PCIe 4.0, `sim.calibration.GATE_PROFILE`), routing (its local
+popularity and fit split) and drafting (the draft stop's recall the gate used, read from
+calibration_gate.json), a 25% expert cache, k = 8, a = 0.73. Writes headline.json (tokens/s,
+latency, hit rate, accuracy, bytes copied per policy, with the wall time of each simulation,
+machine and versions; SpAc over the baselines of each decoding mode apart, and over llama.cpp's
+whole-layer placement with speculation, the paper's 1.42x) and, unless --no-report, the Table 1
+/ Table 2 / Figure 5 report into --out. Its figures count only where
+benchmarks/calibration_gate.py passes (calibration_gate.json beside it): without that it exits
+1 before simulating, unless --ignore-gate (then headline.json says counts: false).
 
     python benchmarks/simulate_offload.py --out DIR [--tokens 2048] [--report-tokens 1024]
 """
@@ -21,7 +21,12 @@ import time
 from pathlib import Path
 
 from moespec.offload import get_profile
-from moespec.offload.sim.calibration import GATE_PROFILE
+from moespec.offload.sim.calibration import (
+    FIT_DOCUMENTS,
+    FIT_TOKENS,
+    GATE_PROFILE,
+    LOCAL_POPULARITY,
+)
 from moespec.offload.sim.experiments import run_policy, settings_for
 from moespec.offload.sim.workload import synthetic_workload
 
@@ -77,7 +82,15 @@ def main() -> int:
 
     profile = get_profile(args.profile)
     start = time.perf_counter()
-    workload = synthetic_workload(args.model, tokens=args.tokens + 9, reuse2=0.48, seed=args.seed)
+    workload = synthetic_workload(
+        args.model,
+        tokens=args.tokens + 9,
+        fit_tokens=FIT_TOKENS,
+        fit_documents=FIT_DOCUMENTS,
+        reuse2=0.48,
+        local_popularity=LOCAL_POPULARITY,
+        seed=args.seed,
+    )
     # The calibration gate's acceptance (the mean of seed 003 App. A.1's four).
     build_seconds = time.perf_counter() - start
     settings = settings_for(
@@ -140,6 +153,7 @@ def write_simulated_report(args, draft_stop: float) -> int:
         get_profile(args.profile),
         synthetic=args.model,
         reuse2=0.48,
+        local_popularity=LOCAL_POPULARITY,
         draft_stop=draft_stop,
         tokens=args.report_tokens,
         seed=args.seed,

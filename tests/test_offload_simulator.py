@@ -284,3 +284,14 @@ def test_every_draft_stop_value_sees_the_same_steps():
     assert drafts[0] > drafts[1] > drafts[2] > 0
     with pytest.raises(ValueError, match="draft stop"):
         SimulationSettings(draft_stop=1.5)
+
+
+def test_a_synthetic_workloads_fit_split_is_documents_of_its_own():
+    from moespec.offload.sim.workload import synthetic_workload
+
+    workload = synthetic_workload(
+        "olmoe-1b-7b", tokens=60, fit_tokens=40, fit_documents=2, documents=3, seed=0
+    )
+    assert workload.trace.doc_starts.tolist() == [0, 20, 40, 60, 80, 100]
+    assert workload.fit_trace().num_tokens == 40 == workload.fit_tokens
+    assert workload.trace.metadata["local_popularity"] == 0.0

@@ -299,3 +299,19 @@ def test_demo_text_through_the_benchmark_tokenizer_is_not_degenerate(tmp_path):
     trace = record_trace(engine, tokenizer, held_out_documents(2, 2000), truncate="right")
     assert len(np.unique(trace.expert_ids[:, 0], axis=0)) > 4
     check_not_degenerate(trace, str(tmp_path))
+
+
+def test_static_coverage_counts_the_fit_parts_hottest_quarter():
+    """Layer 0: experts 0 and 1 are the fit part's hottest (ceil(0.25 x 8) = 2 of 8); of the
+    rest's 8 activations, 3 go to them. Layer 1: the hottest are 6 and 7, which take all 8.
+    Mean (3/8 + 1) / 2."""
+    from moespec.routing import RoutingTrace
+    from moespec.routing.reuse import static_coverage
+
+    fit = [[[0, 1], [6, 7]], [[0, 2], [6, 7]], [[1, 3], [7, 6]]]
+    rest = [[[0, 4], [6, 7]], [[5, 1], [7, 6]], [[4, 5], [6, 7]], [[0, 3], [7, 6]]]
+    ids = np.array(fit + rest)  # [7, 2, 2]
+    trace = RoutingTrace(ids, [0, 7], ["d"], 8, [1, 1], [0, 1])
+    assert static_coverage(trace, 3) == pytest.approx((3 / 8 + 1) / 2)
+    with pytest.raises(ValueError, match="fit_tokens"):
+        static_coverage(trace, 7)

@@ -156,3 +156,39 @@ def test_qwen3_shape_skew_reproduces_the_published_rho9():
     reuse = process.simulated_reuse(process.p, 9, tokens=30_000)
     assert reuse[0] == pytest.approx(shape.published_reuse2, abs=0.01)
     assert reuse[-1] == pytest.approx(shape.published_reuse9, abs=0.01)
+
+
+def test_local_popularity_keeps_windows_and_loses_what_other_documents_predict():
+    """beta = 0: one popularity for every document, so the fit documents' hottest quarter
+    covers far more of the others' activations than a quarter; beta = 1: each document's own
+    order, so it covers about a quarter (what any quarter of the experts gets on average).
+    At the same skew and keep probability a document's windows are alike either way: both
+    mix Zipf laws of the same exponent, and a pure one (beta 0 or 1) has the same rho(2)."""
+    from moespec.routing.reuse import static_coverage
+
+    lengths = [200] * 40
+    coverage, reuse2 = {}, {}
+    for beta in (0.0, 1.0):
+        process = LocalityProcess(32, 4, keep_probability=0.3, popularity_skew=1.2,
+                                  local_popularity=beta)  # fmt: skip
+        trace = synthetic_trace(process, num_layers=2, lengths=lengths, seed=3)
+        assert trace.doc_starts.tolist() == list(range(0, 8001, 200))
+        coverage[beta] = static_coverage(trace, 2000)
+        reuse2[beta] = process.simulated_reuse2(0.3, tokens=40_000)
+    assert coverage[0.0] > 0.6 and 0.2 < coverage[1.0] < 0.32
+    assert reuse2[0.0] == pytest.approx(reuse2[1.0], abs=0.01)
+    with pytest.raises(ValueError, match="local_popularity"):
+        LocalityProcess(8, 2, local_popularity=1.5)
+
+
+def test_no_local_popularity_draws_nothing_more():
+    """beta = 0 leaves the generator's stream as it was: the same trace as before the option."""
+    a = synthetic_trace(LocalityProcess(16, 2, keep_probability=0.4), num_layers=3,
+                        tokens=300, documents=3, seed=7)  # fmt: skip
+    b = synthetic_trace(
+        LocalityProcess(16, 2, keep_probability=0.4, local_popularity=0.0),
+        num_layers=3,
+        lengths=[100, 100, 100],
+        seed=7,
+    )
+    np.testing.assert_array_equal(a.expert_ids, b.expert_ids)

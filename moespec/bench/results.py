@@ -159,6 +159,15 @@ RESULTS = [
         15,
     ),
     Result(
+        "routing-locality",
+        ("routing_locality_demo.json",),
+        (
+            "python benchmarks/routing_locality.py "
+            f"--out {RESULTS_DIR}/routing_locality_demo.json --force",
+        ),
+        3,
+    ),
+    Result(
         "calibration-gate",
         ("offload_simulation/calibration_gate.json",),
         (

@@ -1,7 +1,8 @@
 """Simulate offloaded-expert scheduling policies on a routing trace and a hardware profile.
 
 Replays a recorded trace (--trace FILE) or a synthetic one of a built-in model shape
-(--synthetic MODEL, fitted to the shape's published rho(2) or --reuse2) through each policy
+(--synthetic MODEL, fitted to the shape's published rho(2) or --reuse2, each document's expert
+popularity the share --local-popularity its own) through each policy
 (spac, lru, static, static-layers (llama.cpp's whole-layer placement), hybrid, spac-ar;
 baselines without speculation as lru-ar, static-ar, static-layers-ar, hybrid-ar; SpAc ablations
 as spac-no-estimator, spac-fixed-bounds, spac-static-tau, spac-no-prefetch, spac-no-evict,
@@ -61,6 +62,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="target rho(2) of the synthetic trace (default: the shape's)",
     )
     parser.add_argument(
+        "--local-popularity",
+        type=number_in(0.0, 1.0),
+        default=0.0,
+        metavar="B",
+        help="synthetic: the share of each document's expert popularity that is its own "
+        "(0: one popularity for the whole trace; the demo target's recorded routing is "
+        "reproduced near 0.8, benchmarks/routing_locality.py)",
+    )
+    parser.add_argument(
         "--tokens",
         type=int,
         default=2048,
@@ -111,6 +121,7 @@ def run(args: argparse.Namespace) -> int:
                 tokens=args.tokens,
                 fit_tokens=args.fit_tokens,
                 reuse2=args.reuse2,
+                local_popularity=args.local_popularity,
                 seed=args.seed,
                 report=bool(args.report),
                 progress=progress,

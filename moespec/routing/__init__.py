@@ -17,6 +17,7 @@ from moespec.routing.reuse import (
     estimate,
     reuse_report,
     split_trace,
+    static_coverage,
     uniform_curves,
 )
 from moespec.routing.shapes import SHAPES, ModelShape, get_shape
@@ -40,6 +41,7 @@ __all__ = [
     "read_trace",
     "reuse_report",
     "split_trace",
+    "static_coverage",
     "synthetic_trace",
     "uniform_curves",
     "uniform_process",

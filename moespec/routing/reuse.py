@@ -16,6 +16,7 @@ largest window.
 """
 
 import hashlib
+import math
 import warnings
 from dataclasses import dataclass, field
 
@@ -273,6 +274,27 @@ def uniform_curves(num_experts: int, top_k: int, max_n: int) -> dict[str, list[f
         "union": union,
         "distinct_share": [u / (n * top_k) for n, u in zip(ns, union, strict=True)],
     }
+
+
+def static_coverage(trace: RoutingTrace, fit_tokens: int, share: float = 0.25) -> float:
+    """How well one part of a trace's popular experts predict the rest's: per layer, the
+    share of the activations (token slots) after the first `fit_tokens` tokens that go to
+    the ceil(share N) experts most activated within them (ties: lower id), averaged over
+    layers. A placement that holds that share of each layer's experts, fitted on the first
+    part, hits this often on the rest; rho(n) does not say it (see routing.synthetic)."""
+    if not 0 < fit_tokens < trace.num_tokens:
+        raise ValueError(f"fit_tokens must be in 1..{trace.num_tokens - 1}, got {fit_tokens}")
+    if not 0 < share <= 1:
+        raise ValueError(f"share must be in (0, 1], got {share}")
+    ids = np.asarray(trace.expert_ids, dtype=np.int64)  # [T, L, m]
+    n, held = trace.num_experts, math.ceil(share * trace.num_experts)
+    covered = []
+    for layer in range(ids.shape[1]):
+        counts = np.bincount(ids[:fit_tokens, layer].ravel(), minlength=n)
+        top = np.argsort(-counts, kind="stable")[:held]
+        rest = ids[fit_tokens:, layer].ravel()
+        covered.append(float(np.isin(rest, top).mean()))
+    return float(np.mean(covered))
 
 
 def document_part(name: str, fit_fraction: float = 0.5) -> str:

@@ -8,9 +8,10 @@ routing: they are dense bytes, not part of a trace. `published_reuse2` and `publ
 are the layer-mean rho(2) and rho(9) that seed 000 measured on the model (§2, Fig. 1: "at n = 9
 the layer mean is 0.762, 0.780 and 0.856"), where it did. `popularity_skew` is the Zipf
 exponent at which the synthetic locality process fitted to rho(2) also gives rho(9)
-(`routing.synthetic.fit_popularity_skew`, seed 0, 30,000 tokens); a process that only matches
-rho(2) at a mild skew puts 36 distinct experts in a 9-token Qwen3 window instead of the 29
-that the published rho(2..9) imply.
+(`routing.synthetic.fit_popularity_skew`, seed 0, 30,000 tokens) with one popularity for the
+whole trace (local popularity 0; at another share the skew is refitted); a process that only
+matches rho(2) at a mild skew puts 36 distinct experts in a 9-token Qwen3 window instead of the
+29 that the published rho(2..9) imply.
 """
 
 from dataclasses import dataclass

@@ -5,7 +5,14 @@ routing at the shape's rho(2), an RTX 4090 on PCIe 4.0 (profile `rtx4090-avx2` b
 host reads experts at the rate seed 003's own llama.cpp figures imply, see `hardware`), batch
 1, draft length 8, acceptance 0.73 (the mean of App. A.1's four: 0.56, 0.68, 0.83, 0.85), a
 25% expert cache. The paper's llama.cpp baselines are `static-layers` (llama.cpp places
-experts a whole layer at a time: `--n-cpu-moe`, `-ot`). What the simulator must reproduce,
+experts a whole layer at a time: `--n-cpu-moe`, `-ot`). One request of 512 generated tokens
+is replayed (the paper's generation length) after a fit split of `FIT_DOCUMENTS` other
+requests, each document's expert popularity the share `LOCAL_POPULARITY` its own: the share at
+which the synthetic process reproduces how well a real trained routing's popular experts
+carry from document to document (benchmarks/routing_locality.py on the demo target; no
+full-size model's is published, and with one popularity for the whole trace a placement
+fitted on other requests holds 56% of a document's activations where the real routing's
+holds 29%). What the simulator must reproduce,
 from the paper's own measurements:
 
     llamacpp_ar     llama.cpp without speculation: 15.23 tokens/s (Table 1 average); within
@@ -58,6 +65,8 @@ ACCEPTANCE = 0.73
 STOP_RECALLS = (0.0, 0.25, 0.5, 0.75, 1.0)
 LLAMACPP = ("static-layers", "static-layers-ar")  # llama.cpp-w/ SD, llama.cpp
 GATE_PROFILE = "rtx4090-avx2"
+LOCAL_POPULARITY = 0.8  # benchmarks/routing_locality.py: the demo target's recorded routing
+FIT_TOKENS, FIT_DOCUMENTS = 512, 4  # the fit split: four other requests of 128 tokens
 
 
 def gate_settings(workload, *, tokens: int = 512, seed: int = 0, draft_stop: float = 0.0):

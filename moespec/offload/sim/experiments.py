@@ -86,10 +86,12 @@ def load_workload(
     fit_tokens: int = 512,
     draft_length: int = 8,
     reuse2: float | None = None,
+    local_popularity: float = 0.0,
     seed: int = 0,
 ):
     """A recorded trace's workload, or a synthetic one of a built-in shape long enough for
-    `tokens` tokens of speculative steps of `draft_length`."""
+    `tokens` tokens of speculative steps of `draft_length` (one replayed document after a fit
+    document, its popularity the share `local_popularity` its own: routing.synthetic)."""
     from moespec.offload.sim.workload import synthetic_workload, trace_workload
 
     if trace is not None:
@@ -102,6 +104,7 @@ def load_workload(
         tokens=tokens + draft_length + 1,
         fit_tokens=fit_tokens,
         reuse2=reuse2,
+        local_popularity=local_popularity,
         seed=seed,
     )
 
@@ -130,6 +133,7 @@ def simulation(
     tokens: int = 2048,
     fit_tokens: int = 512,
     reuse2: float | None = None,
+    local_popularity: float = 0.0,
     seed: int = 0,
     report: bool = False,
     progress=None,
@@ -148,6 +152,7 @@ def simulation(
         fit_tokens=fit_tokens,
         draft_length=draft_length,
         reuse2=reuse2,
+        local_popularity=local_popularity,
         seed=seed,
     )
     settings = settings_for(

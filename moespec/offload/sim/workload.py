@@ -2,10 +2,15 @@
 
 `synthetic_workload` builds a full-size trace for a named model shape from the locality process
 fitted to a target rho(2) (the published value of the shape by default, with the popularity
-skew that also gives the published rho(9); another target gets skew 0.5); `trace_workload` reads
-a recorded trace. Dense bytes per layer (read once per pass, on the accelerator): the shared
-experts of the shape plus an attention estimate of 4 d^2 bf16 weights (q, k, v, o at full
-width; grouped-query attention reads less, so this errs towards slower passes for everyone).
+skew that also gives the published rho(9), refitted at the local-popularity share asked for;
+another target gets skew 0.5); `trace_workload` reads a recorded trace. A synthetic trace's fit
+split is documents of its own (`fit_documents`), before the replayed ones (`documents`): a
+placement is profiled on other requests than the one it serves, and with local popularity
+(routing.synthetic) that is what it misses.
+
+Dense bytes per layer (read once per pass, on the accelerator): the shared experts of the shape
+plus an attention estimate of 4 d^2 bf16 weights (q, k, v, o at full width; grouped-query
+attention reads less, so this errs towards slower passes for everyone).
 """
 
 from dataclasses import dataclass
@@ -36,27 +41,46 @@ def synthetic_workload(
     reuse2: float | None = None,
     popularity_skew: float | None = None,
     documents: int = 1,
+    fit_documents: int = 1,
+    local_popularity: float = 0.0,
     seed: int = 0,
 ) -> Workload:
     from moespec.errors import SettingError, setting
     from moespec.routing.shapes import get_shape
-    from moespec.routing.synthetic import LocalityProcess, synthetic_trace
+    from moespec.routing.synthetic import (
+        LocalityProcess,
+        document_lengths,
+        fit_popularity_skew,
+        synthetic_trace,
+    )
 
     shape = get_shape(model)
     target = reuse2 if reuse2 is not None else shape.published_reuse2
     if target is None:
         raise SettingError(f"{model} has no published rho(2): pass {setting('reuse2')}")
-    if popularity_skew is None:  # the shape's skew fits its published rho(2) and rho(9) only
-        fitted = target == shape.published_reuse2 and shape.popularity_skew is not None
-        popularity_skew = shape.popularity_skew if fitted else 0.5
-    process = LocalityProcess(shape.num_experts, shape.top_k, popularity_skew=popularity_skew).fit(
-        target, seed=seed
-    )
+    published = target == shape.published_reuse2
+    if popularity_skew is None and published and local_popularity == 0:
+        popularity_skew = shape.popularity_skew  # fitted to rho(2) and rho(9) at beta = 0
+    if popularity_skew is None and published and shape.published_reuse9 is not None:
+        popularity_skew, _ = fit_popularity_skew(
+            shape.num_experts,
+            shape.top_k,
+            target,
+            shape.published_reuse9,
+            seed=seed,
+            local_popularity=local_popularity,
+        )
+    process = LocalityProcess(
+        shape.num_experts,
+        shape.top_k,
+        popularity_skew=0.5 if popularity_skew is None else popularity_skew,
+        local_popularity=local_popularity,
+    ).fit(target, seed=seed)
+    lengths = document_lengths(fit_tokens, fit_documents) + document_lengths(tokens, documents)
     trace = synthetic_trace(
         process,
         num_layers=shape.num_layers,
-        tokens=fit_tokens + tokens,
-        documents=documents,
+        lengths=lengths,
         expert_bytes=shape.expert_bytes,
         layer_indices=list(shape.layer_indices),
         model=model,
