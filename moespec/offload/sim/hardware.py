@@ -251,10 +251,13 @@ def _typical_time(fn, repeats: int) -> float:
 
 
 def _store_bytes(store_bytes: int | None) -> int:
-    """An expert store's bytes: as given, else twice the last-level cache (64 MiB unknown)."""
+    """The bytes of a store to time over: as given up to four times the last-level cache (a
+    bigger one meets the cache no less rarely), else twice it (the cache taken as 32 MiB where
+    Linux does not say)."""
     from moespec.calibrate.timing import last_level_cache_bytes
 
-    return store_bytes if store_bytes is not None else 2 * (last_level_cache_bytes() or 32 << 20)
+    cache = last_level_cache_bytes() or 32 << 20
+    return 2 * cache if store_bytes is None else min(int(store_bytes), 4 * cache)
 
 
 def _store_of_experts(hidden_size: int, intermediate_size: int, store_bytes: int, multiple=1):
@@ -403,10 +406,10 @@ def link_times(
     expert's size and at half its hidden and intermediate sizes (a quarter of the bytes) gives
     two points on t = latency + bytes / bandwidth. The fetches read a store of `store_bytes`
     and write a slot pool of `pool_bytes` (the engine's expert bytes and cache budget; each
-    twice the last-level cache by default, 64 MiB where Linux does not say): whether the
-    engine's copies meet the cache depends on both. The pool is written once first, as the
-    engine's slots are after warm-up. The median,
-    not the best: the engine pays the hand-off it gets, and a thread's wake-up varies.
+    twice the last-level cache by default, at most four times it: `_store_bytes`): whether
+    the engine's copies meet the cache depends on both. The pool is written once first, as
+    the engine's slots are after warm-up. The median, not the best: the engine pays the
+    hand-off it gets, and a thread's wake-up varies.
     """
     import statistics
     import threading
@@ -417,7 +420,7 @@ def link_times(
     store_bytes, pool_bytes = _store_bytes(store_bytes), _store_bytes(pool_bytes)
 
     def median_fetch(h: int, i: int) -> tuple[float, int]:
-        w = _one_expert(h, i).bytes_per_expert
+        w = 3 * h * i * 4  # one float32 expert
         count, slots = max(2, -(-store_bytes // w)), max(2, -(-pool_bytes // w))
         experts = _one_expert(h, i, count)
         backend, lock = CpuBackend(), threading.Condition()
