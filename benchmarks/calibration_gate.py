@@ -33,9 +33,9 @@ from moespec.offload.sim.calibration import (
     PAPER_STATIC_SD,
     fit_draft_stop,
     gate,
+    gate_workload,
     stop_sweep,
 )
-from moespec.offload.sim.workload import synthetic_workload
 from moespec.provenance import provenance  # noqa: E402
 
 
@@ -55,12 +55,10 @@ def main() -> int:
     args = parser.parse_args()
     check_writable(args.out, force=args.force)
     profile = get_profile(args.profile)
-    workload = synthetic_workload(
-        "qwen3-30b-a3b",
-        tokens=args.tokens + 9,
+    workload = gate_workload(
+        args.tokens + 9,
         fit_tokens=args.fit_tokens,
         fit_documents=args.fit_documents,
-        reuse2=0.48,
         local_popularity=args.local_popularity,
         seed=args.seed,
     )

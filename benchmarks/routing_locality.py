@@ -22,6 +22,7 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from moespec.cli.options import number_in
 from moespec.demo import demo_paths
 from moespec.demo.corpus import held_out_documents
 from moespec.files import check_writable, write_json
@@ -37,14 +38,16 @@ def main() -> int:
     parser.add_argument("--out", required=True, type=Path)
     parser.add_argument("--documents", type=int, default=40)
     parser.add_argument("--max-chars", type=int, default=6000)
-    parser.add_argument("--fit-share", type=float, default=0.2)
-    parser.add_argument("--betas", default="0,0.2,0.4,0.6,0.7,0.8,0.9,1")
+    parser.add_argument(
+        "--fit-share", type=number_in(0.0, 1.0, low_open=True, high_open=True), default=0.2
+    )
+    parser.add_argument("--betas", type=_shares, default="0,0.2,0.4,0.6,0.7,0.8,0.9,1")
     parser.add_argument("--fit-tokens", type=int, default=20_000, help="tokens per rho fit")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--force", action="store_true")
     args = parser.parse_args()
     check_writable(args.out, force=args.force)
-    betas = [float(b) for b in args.betas.split(",")]
+    betas = args.betas
     start = time.perf_counter()
     model, tokenizer = load_model(demo_paths()[0], dtype="fp32")
     documents = list(held_out_documents(limit=args.documents, max_chars=args.max_chars))
@@ -118,6 +121,18 @@ def main() -> int:
         force=args.force,
     )
     return 0
+
+
+def _shares(text: str) -> list[float]:
+    """Comma-separated shares in [0, 1] (argparse names the option on a bad one)."""
+    share = number_in(0.0, 1.0)
+    values = [share(b.strip()) for b in text.split(",") if b.strip()]
+    if not values:
+        raise argparse.ArgumentTypeError("names no share")
+    return values
+
+
+_shares.__name__ = "local-popularity shares"
 
 
 if __name__ == "__main__":

@@ -21,14 +21,8 @@ import time
 from pathlib import Path
 
 from moespec.offload import get_profile
-from moespec.offload.sim.calibration import (
-    FIT_DOCUMENTS,
-    FIT_TOKENS,
-    GATE_PROFILE,
-    LOCAL_POPULARITY,
-)
+from moespec.offload.sim.calibration import GATE_PROFILE, LOCAL_POPULARITY, gate_workload
 from moespec.offload.sim.experiments import run_policy, settings_for
-from moespec.offload.sim.workload import synthetic_workload
 
 POLICIES = [
     "spac",
@@ -82,15 +76,7 @@ def main() -> int:
 
     profile = get_profile(args.profile)
     start = time.perf_counter()
-    workload = synthetic_workload(
-        args.model,
-        tokens=args.tokens + 9,
-        fit_tokens=FIT_TOKENS,
-        fit_documents=FIT_DOCUMENTS,
-        reuse2=0.48,
-        local_popularity=LOCAL_POPULARITY,
-        seed=args.seed,
-    )
+    workload = gate_workload(args.tokens + 9, model=args.model, seed=args.seed)
     # The calibration gate's acceptance (the mean of seed 003 App. A.1's four).
     build_seconds = time.perf_counter() - start
     settings = settings_for(

@@ -12,8 +12,7 @@ which the synthetic process reproduces how well a real trained routing's popular
 carry from document to document (benchmarks/routing_locality.py on the demo target; no
 full-size model's is published, and with one popularity for the whole trace a placement
 fitted on other requests holds 56% of a document's activations where the real routing's
-holds 29%). What the simulator must reproduce,
-from the paper's own measurements:
+holds 29%). What the simulator must reproduce, from the paper's own measurements:
 
     llamacpp_ar     llama.cpp without speculation: 15.23 tokens/s (Table 1 average); within
                     `LLAMACPP_AR_RANGE` (+-20%)
@@ -67,6 +66,31 @@ LLAMACPP = ("static-layers", "static-layers-ar")  # llama.cpp-w/ SD, llama.cpp
 GATE_PROFILE = "rtx4090-avx2"
 LOCAL_POPULARITY = 0.8  # benchmarks/routing_locality.py: the demo target's recorded routing
 FIT_TOKENS, FIT_DOCUMENTS = 512, 4  # the fit split: four other requests of 128 tokens
+
+
+def gate_workload(
+    tokens: int,
+    *,
+    model: str = "qwen3-30b-a3b",
+    fit_tokens: int = FIT_TOKENS,
+    fit_documents: int = FIT_DOCUMENTS,
+    local_popularity: float = LOCAL_POPULARITY,
+    seed: int = 0,
+):
+    """The gate's routing: `model`'s shapes (Qwen3-30B-A3B) at rho(2) = 0.48 (and its rho(9)),
+    `tokens` replayed in one request after the fit split, each document's popularity the share
+    `local_popularity` its own (what the gate and the simulated headline replay)."""
+    from moespec.offload.sim.workload import synthetic_workload
+
+    return synthetic_workload(
+        model,
+        tokens=tokens,
+        fit_tokens=fit_tokens,
+        fit_documents=fit_documents,
+        reuse2=0.48,
+        local_popularity=local_popularity,
+        seed=seed,
+    )
 
 
 def gate_settings(workload, *, tokens: int = 512, seed: int = 0, draft_stop: float = 0.0):
