@@ -11,6 +11,7 @@ def figures(**changes):
         "llamacpp_ar_tokens_per_second": 15.2,
         "hybrid_ar_tokens_per_second": 12.1,
         "spac_layer_ms": 0.75,
+        "spac_hit_rate": 0.73,
         "spac_tokens_per_second": 25.0,
         "spac_tokens_per_second_by_gamma": {2: 18.0, 4: 21.0, 6: 23.0, 8: 25.0},
     }
@@ -40,6 +41,10 @@ def test_each_check_fails_on_its_own():
     result = checks(figures(spac_tokens_per_second_by_gamma=falling))
     assert not result["gamma_rising"]["met"] and not result["met"]
     assert result["sd_ratio"]["met"] and result["spac_layer_ms"]["met"]
+    # SpAc's cache hits within App. G's 0.70-0.75 widened by 20%: 0.5833 .. 0.90
+    for hits, met in [(0.58, False), (0.59, True), (0.89, True), (0.91, False)]:
+        result = checks(figures(spac_hit_rate=hits))
+        assert result["spac_hit_rate"]["met"] is met and result["met"] is met
     # SpAc within 20% of Table 1's 25.06 tokens/s: 20.88 .. 30.07
     for spac, met in [(20.8, False), (21.0, True), (30.0, True), (30.2, False)]:
         assert checks(figures(spac_tokens_per_second=spac))["spac_tps"]["met"] is met

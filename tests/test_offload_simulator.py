@@ -43,6 +43,18 @@ def test_on_demand_lru_pays_one_copy_then_hits():
     result = run("lru", one_layer_trace([0] * 6), cache_ratio=0.25, draft_length=0, tokens=3)
     assert result.seconds == pytest.approx(1.3e-3)
     assert (result.stats.bytes_copied, result.hit_rate) == (10**6, pytest.approx(2 / 3))
+    # the accelerator waited for the one copy (1 ms), and for nothing once it had arrived
+    assert result.stats.copy_wait_seconds == pytest.approx(1e-3)
+
+
+def test_a_kernel_call_is_not_counted_as_waiting_for_a_copy():
+    called = replace(ROUND, kernel_call_time=0.3e-3)
+    settings = SimulationSettings(cache_ratio=0.25, draft_length=0, tokens=3, draft_bytes_ratio=0)
+    result = simulate(one_layer_trace([0] * 6), make_policy("lru"), called, settings)
+    # token 1: the call (0.3 ms) is made while the copy runs, then 0.7 ms of waiting for it
+    # and 0.1 ms of work; tokens 2 and 3: call and work, 0.4 ms each
+    assert result.seconds == pytest.approx(1.9e-3)
+    assert result.stats.copy_wait_seconds == pytest.approx(0.7e-3)
 
 
 def test_static_placement_computes_the_cold_expert_on_the_cpu():

@@ -400,6 +400,9 @@ class _Run:
         now += self._decision_time(decided)
         accelerator, cpu = placed.accelerator, placed.cpu
         acc_busy, acc_end = self._accelerator_time(layer, accelerator, row, now)
+        called = costs.kernel_call if len(accelerator) else 0.0
+        waited = max(acc_end - now - acc_busy - called, 0.0)  # the accelerator idle for arrivals
+        self.driver.stats.copy_wait_seconds += waited
         cpu_busy = 0.0
         if len(cpu):
             cpu_busy = (
@@ -415,7 +418,6 @@ class _Run:
         end = max(acc_end, now + cpu_busy)
         if costs.tier_overlap < 1.0:  # one processor for both tiers and the link: turns
             shared = 1.0 - costs.tier_overlap
-            waited = max(acc_end - now - acc_busy, 0.0)  # the accelerator idle for arrivals
             link.advance(end)
             copying = max(link.busy_within(now, end) - waited, 0.0)  # copies beside compute
             end += shared * (min(acc_end - now, cpu_busy) + copying)
