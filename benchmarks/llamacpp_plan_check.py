@@ -8,7 +8,8 @@ For each GGUF of the checkpoint (written by moespec's exporter), at --threads th
 1. the plan (moespec.calibrate.llamacpp_plan): llama.cpp's τ(n) on a cache of --depth tokens
    (by default the sweep's mean depth), the fit with U(n) from moespec's trace of the same
    checkpoint, V̂(k) = τ̂(k + 1) (the oracle drafts for free, h = 0), k̂*(a) on the 11
-   acceptances;
+   acceptances, in both versions of τ̂ (as measured, the plan's default, and fitted), each
+   scored below;
 2. the sweep: llama.cpp verifying oracle drafts, k = 0..8 at each acceptance a. A step drafts
    the next k tokens of a reference stream, runs one pass of k + 1 tokens with every row's
    logits and their argmax, keeps the accepted drafts and removes the rest from the KV cache.
@@ -127,6 +128,28 @@ def reference_stream(engine, args) -> tuple[list[int], list[int]]:
     return prompt, reference
 
 
+def score(version: dict, measured: dict) -> dict:
+    """The rules and each acceptance's k̂*, best k and loss for one version of the plan's τ̂."""
+    k_rule, loss_rule = rule_best_draft_length(version["step_times"], measured["by_acceptance"])
+    verify_rule = rule_verify_time(
+        {"llamacpp": version["verify_time"]}, {"llamacpp": measured["verify_median"]}
+    )
+    rows = {}
+    for a, row in measured["by_acceptance"].items():
+        rates = {int(k): v for k, v in row["tokens_per_second"].items()}
+        best = max(rates, key=lambda k: (rates[k], -k))
+        k_hat = version["staircase"]["by_acceptance"][a]["best_draft_length"]
+        rows[a] = {"k_hat": k_hat, "k_best": best, "loss": 1 - rates[k_hat] / rates[best]}
+    return {
+        "by_acceptance": rows,
+        "rules": {
+            "k* within one at >= 9 of 11": k_rule,
+            "throughput lost <= 6%": loss_rule,
+            "verify time within 15% (n >= 2)": verify_rule,
+        },
+    }
+
+
 def check_one(path: Path, directory: Path, args) -> dict:
     print(f"{path.name}: plan", flush=True)
     plan = llamacpp_plan(
@@ -144,27 +167,15 @@ def check_one(path: Path, directory: Path, args) -> dict:
     prompt, reference = reference_stream(engine, args)
     print(f"{path.name}: sweep", flush=True)
     measured = sweep(engine, prompt, reference, args, np.random.default_rng(args.seed))
-    k_rule, loss_rule = rule_best_draft_length(plan["step_times"], measured["by_acceptance"])
-    verify_rule = rule_verify_time(
-        {"llamacpp": plan["verify_time"]}, {"llamacpp": measured["verify_median"]}
-    )
-    rows = {}
-    for a, row in measured["by_acceptance"].items():
-        rates = {int(k): v for k, v in row["tokens_per_second"].items()}
-        best = max(rates, key=lambda k: (rates[k], -k))
-        k_hat = plan["staircase"]["by_acceptance"][a]["best_draft_length"]
-        rows[a] = {"k_hat": k_hat, "k_best": best, "loss": 1 - rates[k_hat] / rates[best]}
+    versions = {name: score(v, measured) for name, v in plan["tau_versions"].items()}
     return {
         "gguf": str(path),
         "plan": {k: plan[k] for k in ("verify_time", "measured_verify", "fit", "step_times")}
-        | {"bandwidth_error": plan["bandwidth_error"], "staircase": plan["staircase"]},
+        | {k: plan[k] for k in ("bandwidth_error", "staircase", "verify_times", "tau_versions")},
         "sweep": measured,
-        "by_acceptance": rows,
-        "rules": {
-            "k* within one at >= 9 of 11": k_rule,
-            "throughput lost <= 6%": loss_rule,
-            "verify time within 15% (n >= 2)": verify_rule,
-        },
+        # the version the plan's decision follows; every version's beside it
+        **versions[plan["verify_times"]],
+        "tau_versions": versions,
         # the same two rules with k* from the sweep's own V(k) = its median pass of k + 1
         # tokens (the oracle drafts for free): what the sweep's noise lets any plan reach
         "noise_floor": noise_floor(
@@ -217,10 +228,11 @@ def main(argv=None) -> int:
     }
     write_json(args.out, report, force=args.force)
     for kind, r in results.items():
-        print(
-            kind,
-            {rule: f"{'holds' if ok else 'fails'} ({d})" for rule, (ok, d) in r["rules"].items()},
-        )
+        for name, v in r["tau_versions"].items():
+            rules = {rule: f"{'holds' if ok else 'fails'} ({d})" for rule, (ok, d) in
+                     v["rules"].items()}  # fmt: skip
+            chosen = " (the plan's)" if name == r["plan"]["verify_times"] else ""
+            print(kind, f"{name} verify times{chosen}", rules)
         floor = {rule: f"{'holds' if ok else 'fails'} ({d})" for rule, (ok, d) in
                  r["noise_floor"].items()}  # fmt: skip
         print("  noise floor", floor)

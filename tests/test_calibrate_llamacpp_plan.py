@@ -94,6 +94,19 @@ def test_the_plan_measures_llamacpp_and_prints_its_flags(tmp_path, capsys):
     assert ("--spec-draft-n-max" in printed) == (k > 0)
     assert "0.98" in printed  # the k*(a) table
     assert main(argv) == 2  # an existing plan is kept without --force
+    # k* follows the measured verify times by default; the fit's version is written beside
+    measured = plan["measured_verify"]["llamacpp"]
+    assert plan["verify_times"] == "measured" and plan["verify_time"] == measured
+    steps = [t + h for t, h in zip(measured, plan["draft_time"], strict=True)]
+    assert plan["step_times"] == steps == plan["tau_versions"]["measured"]["step_times"]
+    fitted = plan["tau_versions"]["fitted"]
+    assert fitted["verify_time"] != measured  # a fit of four points by three terms
+    assert main([*argv, "--verify-times", "fitted", "--force"]) == 0
+    refit = json.loads((tmp_path / "plan" / "plan.json").read_text())
+    steps = [t + h for t, h in zip(refit["verify_time"], refit["draft_time"], strict=True)]
+    assert refit["verify_times"] == "fitted" and refit["step_times"] == steps
+    assert refit["verify_time"] == refit["tau_versions"]["fitted"]["verify_time"]
+    assert refit["verify_time"] != refit["measured_verify"]["llamacpp"]
 
 
 def test_the_oracle_draft_shares_its_flags_across_draft_lengths():

@@ -23,6 +23,22 @@ with how many tokens, on this machine?
    move it (Table 2), and the decision in llama.cpp's terms: `--spec-draft-n-max k
    --spec-draft-n-min k --spec-draft-p-min 0` (exactly k drafted tokens, as planned; older
    builds call the first two `--draft-max`/`--draft-min`), or no draft model when k̂* = 0.
+
+Two versions of τ̂ (seed 000 scores its versions side by side, Table 3), both written to the
+plan (`tau_versions`); `verify_times` chooses the one the decision follows:
+
+    measured  τ̂(n) = τ(n) as measured, for every n the decision needs (n <= n_max, so
+              k <= n_max - 1): the measured-time version, with the whole model's pass times,
+              as this engine's timings give them. The default: llama.cpp switches kernels
+              with the batch, and a line in B(n) cannot follow a switch. On the OLMoE-shaped
+              Q8_0 checkpoint (1 thread) τ(8) was 97 ms against τ(7)'s 118 in the plan, and
+              98 against 120 in the check run after it (the same dip: another matrix path at
+              8 rows); the fit put τ̂(8) 15% above it and moved k̂* at a = 0.95.
+    fitted    τ̂(n) from the fit above (τ(1) as measured): smooth in n, so it reads through
+              a measurement's noise, but not through a kernel switch.
+
+ε is the fit's in both (seed 000 takes ε from the fits for every version); it measures how
+far llama.cpp's times stray from the cost model, which is what could move k̂*.
 """
 
 import itertools
@@ -46,6 +62,7 @@ from moespec.files import write_json
 
 # Seed 000's grid of 11 acceptances (the same as `moespec staircase`'s default).
 ACCEPTANCE_GRID = (0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.85, 0.9, 0.95, 0.98)
+VERIFY_TIMES = ("measured", "fitted")  # the versions of τ̂ (module docstring)
 PLAN_FORMAT = "moespec-plan"
 
 
@@ -240,11 +257,15 @@ def llamacpp_plan(
     verify_repeats: int = 10,
     acceptance: float | None = None,
     trace_documents: int = 24,
+    verify_times: str = "measured",
     force: bool = False,
 ) -> dict:
     """Measure llama.cpp, fit, predict and write out_dir/plan.json (`engine: llamacpp`).
     tokens: held-out text (ids) for the passes and the acceptance; default: the embedded
-    corpus's verify documents in the GGUF's own tokenizer."""
+    corpus's verify documents in the GGUF's own tokenizer. verify_times: the version of τ̂
+    the decision follows (`VERIFY_TIMES`); the plan holds both."""
+    if verify_times not in VERIFY_TIMES:
+        raise ValueError(f"verify times are one of {', '.join(VERIFY_TIMES)}, got {verify_times}")
     started = time.perf_counter()
     plan_path = Path(out_dir) / "plan.json"
     if plan_path.exists() and not force:
@@ -275,7 +296,15 @@ def llamacpp_plan(
             draft, tokens, depth=depth, max_draft_length=max_n - 1
         )
         measured_acceptance = greedy_acceptance(target, draft, tokens[depth:])
-    step_times = [predicted[k] + draft_time[k] for k in range(max_n)]
+    versions = {}
+    for name, tau in (("measured", measured), ("fitted", predicted)):
+        steps = [tau[k] + draft_time[k] for k in range(max_n)]
+        versions[name] = {
+            "verify_time": list(tau),
+            "step_times": steps,
+            "staircase": staircase(steps, epsilon),
+        }
+    step_times = versions[verify_times]["step_times"]
     chosen = acceptance if acceptance is not None else measured_acceptance
     decision = None
     if chosen is not None:
@@ -302,10 +331,12 @@ def llamacpp_plan(
         "bandwidth_error": epsilon,
         # one MoE kernel in llama.cpp, with a vector path for one row (τ(1) as measured)
         "kernel": {"crossover": None, "dedup_kernel": None, "one_row": "measured"},
-        "verify_time": predicted,
+        "verify_times": verify_times,  # the version below the decision follows
+        "verify_time": versions[verify_times]["verify_time"],
         "draft_time": draft_time,
         "step_times": step_times,
-        "staircase": staircase(step_times, epsilon),
+        "staircase": versions[verify_times]["staircase"],
+        "tau_versions": versions,
         "measured_acceptance": measured_acceptance,
         "decision": decision,
         "seconds": time.perf_counter() - started,

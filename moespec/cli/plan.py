@@ -101,6 +101,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--threads", type=positive_int, default=1, help="llamacpp: threads")
     parser.add_argument(
+        "--verify-times",
+        choices=("measured", "fitted"),
+        default="measured",
+        help="llamacpp: the verify times k* follows: as measured at each pass size (default; "
+        "llama.cpp switches kernels with the batch) or the cost model's fit of them",
+    )
+    parser.add_argument(
         "--acceptance",
         type=number_in(0, 1, high_open=True),
         help="llamacpp: the acceptance to decide the flags for (default: the draft's, measured)",
@@ -213,6 +220,7 @@ def run_llamacpp(args: argparse.Namespace) -> int:
         max_n=args.max_n,
         verify_repeats=args.verify_repeats,
         acceptance=args.acceptance,
+        verify_times=args.verify_times,
         force=args.force,
     )
     if args.json:
@@ -227,9 +235,11 @@ def llamacpp_summary(plan: dict, out) -> str:
     lines = [
         f"wrote {out}/plan.json in {plan['seconds']:.0f} s (engine llamacpp, "
         f"{plan['threads']} threads; routing: {plan['routing']['source']})",
-        "tau(n) ms measured:  "
+        "tau(n) ms measured: "
         + " ".join(f"{t * 1e3:.2f}" for t in plan["measured_verify"]["llamacpp"]),
-        "tau(n) ms predicted: " + " ".join(f"{t * 1e3:.2f}" for t in plan["verify_time"]),
+        "tau(n) ms fitted:   "
+        + " ".join(f"{t * 1e3:.2f}" for t in plan["tau_versions"]["fitted"]["verify_time"]),
+        f"k* follows the {plan['verify_times']} verify times; "
         f"bandwidth error epsilon = {plan['bandwidth_error']:.3f}",
         "V(k) ms: " + " ".join(f"{v * 1e3:.2f}" for v in plan["step_times"]),
         f"first-draft threshold a0 = {stair['first_draft_threshold']:.3f}",
