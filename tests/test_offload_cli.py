@@ -81,3 +81,19 @@ def test_a_profile_file_lacking_fields_is_refused(capsys, trace_file, tmp_path):
     profile.write_text(json.dumps({"name": "half", "link_bandwidth": 1e9}))
     code, _, err = run_cli(capsys, "--trace", trace_file, "--profile", profile)
     assert code == 2 and "profile lacks" in err
+
+
+def test_a_profile_whose_link_outruns_host_memory_is_refused(capsys, trace_file, tmp_path):
+    # the copies read host memory: a link at or above it would leave the CPU's expert reads
+    # no bandwidth at all (the contention model then stretched them a thousandfold)
+    from moespec.offload import get_profile
+
+    fields = get_profile("rtx4090-avx2").to_dict()
+    profile = tmp_path / "p.json"
+    profile.write_text(json.dumps(fields | {"link_bandwidth": 100e9, "sources": []}))
+    code, _, err = run_cli(capsys, "--trace", trace_file, "--profile", profile)
+    assert code == 2 and len(err.strip().splitlines()) == 1
+    assert "link_bandwidth (1e+11 B/s) must be below host_memory_bandwidth (7e+10 B/s)" in err
+    profile.write_text(json.dumps(fields | {"link_bandwidth": 50e9, "sources": []}))
+    code, _, err = run_cli(capsys, "--trace", trace_file, "--tokens", 10, "--profile", profile)
+    assert code == 0, err

@@ -67,6 +67,12 @@ class HardwareProfile:
                 raise ValueError(f"profile {self.name!r}: {name} must be positive")
         if self.tier_overlap > 1:
             raise ValueError(f"profile {self.name!r}: tier_overlap must be in [0, 1]")
+        if 0 < self.host_memory_bandwidth <= self.link_bandwidth:
+            raise ValueError(
+                f"profile {self.name!r}: link_bandwidth ({self.link_bandwidth:.3g} B/s) must be "
+                f"below host_memory_bandwidth ({self.host_memory_bandwidth:.3g} B/s): the copies "
+                "read host memory (or set host_memory_bandwidth to 0, unshared)"
+            )
         for name in ("accelerator_flops", "cpu_flops"):
             if getattr(self, name) <= 0:
                 raise ValueError(f"profile {self.name!r}: {name} must be positive")

@@ -198,7 +198,7 @@ class _Costs:
         self.cpu_read = w / p.cpu_bandwidth  # the weight-reading part of g_l
         self.cpu_slowdown = 1.0
         if p.host_memory_bandwidth > 0:
-            left = max(p.host_memory_bandwidth - p.link_bandwidth, 1e-3 * p.cpu_bandwidth)
+            left = p.host_memory_bandwidth - p.link_bandwidth  # > 0: the profile checks it
             self.cpu_slowdown = p.cpu_bandwidth / min(p.cpu_bandwidth, left)
         self.link_latency, self.link_bandwidth = p.link_latency, p.link_bandwidth
         self.tier_overlap, self.decisions_on_clock = p.tier_overlap, p.decisions_on_clock
