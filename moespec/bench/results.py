@@ -286,6 +286,16 @@ RESULTS = [
         55,
     ),
     Result(
+        "llamacpp-plan-check-bf16-rounds5",
+        ("llamacpp_plan_check_bf16_rounds5.json",),
+        (
+            "python benchmarks/llamacpp_plan_check.py --shape olmoe --types bf16 "
+            "--threads 1 --tokens 128 --rounds 5 --verify-repeats 10 --trace-documents 2 "
+            f"--out {RESULTS_DIR}/llamacpp_plan_check_bf16_rounds5.json --force",
+        ),
+        30,
+    ),
+    Result(
         "int8-decode",
         ("int8_decode_olmoe2L.json",),
         (
