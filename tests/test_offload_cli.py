@@ -48,12 +48,19 @@ def test_the_text_table_names_every_policy(capsys, trace_file):
 
 def test_report_writes_tables_and_figures_and_refuses_to_clobber(capsys, trace_file, tmp_path):
     args = ["--trace", trace_file, "--tokens", 20, "--policy", "spac,static", "--report", tmp_path]
-    code, _, _ = run_cli(capsys, *args)
+    code, _, _ = run_cli(capsys, *args, "--draft-stop", 0.5)
     assert code == 0
     report = (tmp_path / "report.md").read_text()
     for heading in ("per workload and policy", "one part removed", "expert cache size"):
         assert heading in report
+    # the settings that change the figures are named: the draft stop, a synthetic trace's
+    # local popularity (a recorded trace has none)
+    assert "seed 0, draft stop 0.5. Policies" in report
     data = json.loads((tmp_path / "report.json").read_text())
+    from moespec.report.offload import markdown
+
+    data["workload"]["metadata"] = {"local_popularity": 0.8}
+    assert "draft stop 0.5, each document's popularity 0.8 its own." in markdown(data)
     assert {r["policy"] for r in data["table2"]} >= {"spac", "spac-no-sd", "spac-no-evict"}
     assert {r["cache_ratio"] for r in data["figure5"]} == {0.1, 0.17, 0.25, 0.4, 0.6}
     for png in ["table1.png", "table2.png", "figure5.png", "draft-length.png"]:
@@ -97,3 +104,21 @@ def test_a_profile_whose_link_outruns_host_memory_is_refused(capsys, trace_file,
     profile.write_text(json.dumps(fields | {"link_bandwidth": 50e9, "sources": []}))
     code, _, err = run_cli(capsys, "--trace", trace_file, "--tokens", 10, "--profile", profile)
     assert code == 0, err
+
+
+def test_a_synthetic_fit_split_of_several_requests(capsys):
+    # --fit-documents: the fit split as that many requests of their own, as the gate profiles
+    from moespec.offload.sim.experiments import load_workload
+
+    workload = load_workload(
+        synthetic="olmoe-1b-7b", tokens=30, fit_tokens=40, fit_documents=4, draft_length=4
+    )
+    assert workload.trace.doc_starts.tolist()[:5] == [0, 10, 20, 30, 40]
+    assert workload.fit_trace().num_tokens == 40
+    base = ("--synthetic", "olmoe-1b-7b", "--tokens", 8, "--fit-tokens", 40, "--json")
+    code, out, err = run_cli(capsys, *base, "--fit-documents", 4, "--policy", "static")
+    assert code == 0, err
+    assert json.loads(out)["static"]["tokens"] == 8
+    code, _, err = run_cli(capsys, *base, "--fit-documents", 0)
+    assert code == 2 and len(err.strip().splitlines()) == 1
+    assert "--fit-documents must be 1 to --fit-tokens (40)" in err

@@ -189,11 +189,12 @@ RESULTS = [
         "simulated-report",
         tuple(f"offload_simulation/report/{n}" for n in (*REPORT_FILES, "draft-length.png")),
         (
-            "moespec simulate --synthetic qwen3-30b-a3b --reuse2 0.48 --profile rtx4090-pcie4 "
-            "--policy spac,lru,static,hybrid,spac-ar --acceptance 0.73 --tokens 256 "
-            f"--report {RESULTS_DIR}/offload_simulation/report --force",
+            "moespec simulate --synthetic qwen3-30b-a3b --reuse2 0.48 --profile rtx4090-avx2 "
+            "--local-popularity 0.8 --fit-tokens 512 --fit-documents 4 --draft-stop 0.83203125 "
+            "--policy spac,static-layers,static,lru,hybrid,spac-ar --acceptance 0.73 "
+            f"--tokens 512 --report {RESULTS_DIR}/offload_simulation/report --force",
         ),
-        5,
+        15,
     ),
     Result(
         "estimator-readings",

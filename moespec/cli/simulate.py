@@ -84,6 +84,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="N",
         help="synthetic: tokens of the fit split before the replay (default 512)",
     )
+    parser.add_argument(
+        "--fit-documents",
+        type=int,
+        default=1,
+        metavar="N",
+        help="synthetic: requests the fit split is made of, each of its own popularity "
+        "(default 1; the calibration gate profiles on 4)",
+    )
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--json", action="store_true", help="print one JSON object by policy")
     parser.add_argument("--report", metavar="DIR", help="write the report's tables and figures")
@@ -120,6 +128,7 @@ def run(args: argparse.Namespace) -> int:
                 draft_stop=args.draft_stop,
                 tokens=args.tokens,
                 fit_tokens=args.fit_tokens,
+                fit_documents=args.fit_documents,
                 reuse2=args.reuse2,
                 local_popularity=args.local_popularity,
                 seed=args.seed,

@@ -93,8 +93,14 @@ def markdown(data: dict) -> str:
         f"{w['top_k']}, frequency sMAPE {_fmt(w.get('smape'), 3)}). Profile: "
         f"{data['profile']['name']} ({data['profile'].get('note', '')}).",
         f"Settings: cache ratio {s['cache_ratio']}, draft length {s['draft_length']}, "
-        f"acceptance {s['acceptance']}, {s['tokens']} tokens, seed {s['seed']}. "
-        "Policies ending in -ar decode without speculation.",
+        f"acceptance {s['acceptance']}, {s['tokens']} tokens, seed {s['seed']}"
+        + (f", draft stop {s['draft_stop']:.4g}" if s.get("draft_stop") else "")
+        + (
+            f", each document's popularity {local:g} its own"
+            if (local := (w.get("metadata") or {}).get("local_popularity"))
+            else ""
+        )
+        + ". Policies ending in -ar decode without speculation.",
         "",
         "## Tokens/s (latency per token, ms) per workload and policy",
         "",

@@ -84,25 +84,32 @@ def load_workload(
     *,
     tokens: int = 2048,
     fit_tokens: int = 512,
+    fit_documents: int = 1,
     draft_length: int = 8,
     reuse2: float | None = None,
     local_popularity: float = 0.0,
     seed: int = 0,
 ):
     """A recorded trace's workload, or a synthetic one of a built-in shape long enough for
-    `tokens` tokens of speculative steps of `draft_length` (one replayed document after a fit
-    document, its popularity the share `local_popularity` its own: routing.synthetic)."""
+    `tokens` tokens of speculative steps of `draft_length` (one replayed document after
+    `fit_documents` fit documents, each popularity the share `local_popularity` its own:
+    routing.synthetic)."""
     from moespec.offload.sim.workload import synthetic_workload, trace_workload
 
     if trace is not None:
         return trace_workload(trace)
     if tokens < 1 or fit_tokens < 1:
         raise SettingError(f"{setting('tokens')} and {setting('fit_tokens')} must be >= 1")
+    if not 1 <= fit_documents <= fit_tokens:
+        raise SettingError(
+            f"{setting('fit_documents')} must be 1 to {setting('fit_tokens')} ({fit_tokens})"
+        )
     # Speculative steps emit at most the trace's tokens: k + 1 more cover the last pass.
     return synthetic_workload(
         synthetic,
         tokens=tokens + draft_length + 1,
         fit_tokens=fit_tokens,
+        fit_documents=fit_documents,
         reuse2=reuse2,
         local_popularity=local_popularity,
         seed=seed,
@@ -132,6 +139,7 @@ def simulation(
     draft_stop: float = 0.0,
     tokens: int = 2048,
     fit_tokens: int = 512,
+    fit_documents: int = 1,
     reuse2: float | None = None,
     local_popularity: float = 0.0,
     seed: int = 0,
@@ -150,6 +158,7 @@ def simulation(
         synthetic,
         tokens=tokens,
         fit_tokens=fit_tokens,
+        fit_documents=fit_documents,
         draft_length=draft_length,
         reuse2=reuse2,
         local_popularity=local_popularity,
