@@ -8,7 +8,9 @@ Makes the plan (`moespec plan`: benchmark, fits per layer, chain; resumed from b
 interrupted) unless OUT/plan.json exists (--force: makes it afresh), then runs `moespec
 evaluate` on it in this process: verify phases and the oracle sweep interleaved on held-out
 text, the chain anchored on this run's tau(1), the six rules per version and the noise floor.
-Writes OUT/evaluation.json with the machine, versions and settings.
+Writes OUT/evaluation.json with the machine, versions and settings. Finished runs are
+journaled in OUT/evaluation.jsonl until then: rerun without --force after an interruption and
+the evaluation resumes from it (--force starts afresh).
 """
 
 import argparse
@@ -16,10 +18,10 @@ import sys
 from pathlib import Path
 
 from moespec.bench.checkpoints import random_checkpoint
-from moespec.calibrate.evaluate import EvaluationSettings, evaluate, scorecard
+from moespec.calibrate.evaluate import EvaluationSettings, evaluate, journal_header, scorecard
 from moespec.calibrate.plan import load_plan, make_plan
 from moespec.demo import demo_paths
-from moespec.files import check_writable, write_json
+from moespec.files import Journal, check_writable, write_json
 from moespec.models import load_model
 from moespec.progress import Progress
 
@@ -45,6 +47,7 @@ def main(argv=None) -> int:
     parser.add_argument("--tokens", type=int, default=256)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--verify-repeats", type=int, default=3)
+    parser.add_argument("--sweep-order", choices=("blocks", "cells"), default="blocks")
     parser.add_argument("--threads", type=int, help="torch intra-op threads (default: torch's)")
     parser.add_argument("--cache-dir", type=Path, default=Path("benchmarks/checkpoints"))
     parser.add_argument(
@@ -74,11 +77,16 @@ def main(argv=None) -> int:
         repeats=args.repeats,
         verify_repeats=args.verify_repeats,
         max_draft_length=len(plan.verify_time) - 1,
+        sweep_order=args.sweep_order,
+    )
+    journal = Journal(
+        args.out / "evaluation.jsonl", journal_header(plan, settings), restart=args.force
     )
     with Progress(True) as progress:
-        result = evaluate(plan, model, tokenizer, settings, progress)
+        result = evaluate(plan, model, tokenizer, settings, progress, journal)
     result.update(benchmark="scorecard", config=args.config)
     write_json(out, result, force=args.force)
+    journal.remove()
     print(scorecard(result))
     return 0
 

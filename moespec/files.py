@@ -7,7 +7,7 @@ import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
-from moespec.errors import NamesSettings, setting
+from moespec.errors import NamesSettings, SettingError, setting
 
 
 class OutputExistsError(NamesSettings, FileExistsError):
@@ -107,3 +107,42 @@ def publish_files(directory: str | os.PathLike, names: list[str], *, force: bool
             os.replace(staging / name, directory / name)
     finally:
         shutil.rmtree(staging, ignore_errors=True)
+
+
+class Journal:
+    """A long run's finished work, one JSON object a line, each appended (and flushed) as it
+    finishes, so an interrupted run resumes where it stopped. The first line is a header; a
+    rerun with another header is refused (or, with `restart`, starts the file afresh); a torn
+    last line from an interruption is dropped. `entries` holds what earlier runs finished."""
+
+    def __init__(self, path: str | os.PathLike, header: dict, *, restart: bool = False):
+        self.path = Path(path)
+        header = json.loads(json.dumps(header))  # as it reads back
+        self.entries: list[dict] = []
+        if self.path.exists() and not restart:
+            lines = self.path.read_text().splitlines()
+            try:
+                found = json.loads(lines[0])["header"]
+            except (IndexError, json.JSONDecodeError, KeyError, TypeError):
+                raise ValueError(f"{self.path} is not a moespec journal") from None
+            if found != header:
+                raise SettingError(
+                    f"{self.path} holds a run with other settings; pass {setting('force', True)}"
+                    " to start afresh"
+                )
+            for line in lines[1:]:
+                try:
+                    self.entries.append(json.loads(line))
+                except json.JSONDecodeError:  # torn by an interruption: the last line
+                    break
+        with atomic_path(self.path, force=True) as tmp:
+            tmp.write_text(
+                "".join(json.dumps(e) + "\n" for e in [{"header": header}, *self.entries])
+            )
+
+    def append(self, entry: dict) -> None:
+        with self.path.open("a") as f:
+            f.write(json.dumps(entry) + "\n")
+
+    def remove(self) -> None:
+        self.path.unlink(missing_ok=True)

@@ -295,6 +295,109 @@ def test_evaluation_scores_every_version_on_one_run(plan_dir, tmp_path):
     assert by_ratio == pytest.approx([t * anchor / calibrated[0] for t in calibrated])
     assert len(result["versions"]["calibrated_by_ratio"]["score"]) == 6
     assert 0 <= result["stream"]["decoded_reuse2"] <= 1
+    # the sweep's own V(k) is the whole step as tokens/s pays it: never below its verify pass
+    sweep = result["sweep"]
+    assert len(sweep["step_times"]) == len(sweep["verify_step_times"]) == 4
+    pairs = zip(sweep["step_times"], sweep["verify_step_times"], strict=True)
+    assert all(t > v > 0 for t, v in pairs)
+    # blocks order: each (acceptance, prompt)'s four draft lengths ran back to back
+    log = result["sweep"]["log"]
+    assert len(log) == 2 * 2 * 4 * 2  # repeats x acceptances x draft lengths x prompts
+    for start in range(0, len(log), 4):
+        block = log[start : start + 4]
+        assert len({(a, repeat, prompt) for a, _, repeat, prompt, *_ in block}) == 1
+        assert sorted(row[1] for row in block) == [0, 1, 2, 3]
+    assert [row[-1] for row in log] == sorted(row[-1] for row in log)  # started in order
+    # each paired speedup is a run over its own prompt's k = 0 run of the same repeat
+    runs = {(a, k, r, i): t / sec for a, k, r, i, t, sec, _ in log}
+    paired = cell["paired_speedup"][2]
+    ratios = [runs[0.3, 2, r, i] / runs[0.3, 0, r, i] for r in range(2) for i in range(2)]
+    assert paired["median"] == pytest.approx(float(np.median(ratios)))
+    assert (paired["min"], paired["max"]) == pytest.approx((min(ratios), max(ratios)))
+
+
+def test_evaluation_cells_order_runs_whole_cells(plan_dir):
+    from moespec.calibrate.evaluate import EvaluationSettings, evaluate
+    from moespec.models import load_model
+
+    out, directory = plan_dir
+    plan = load_plan(out / "plan.json")
+    model, tokenizer = load_model(directory, dtype="fp32")
+    settings = EvaluationSettings(
+        prompts=3,
+        prompt_tokens=8,
+        tokens=8,
+        repeats=1,
+        verify_repeats=1,
+        max_draft_length=3,
+        acceptances=(0.5,),
+        bandwidth_bytes=1 << 20,
+        sweep_order="cells",
+    )
+    log = evaluate(plan, model, tokenizer, settings)["sweep"]["log"]
+    assert len(log) == 4 * 3
+    for start in range(0, len(log), 3):  # one cell's three prompts back to back
+        block = log[start : start + 3]
+        assert len({row[1] for row in block}) == 1
+        assert sorted(row[3] for row in block) == [0, 1, 2]
+
+
+def test_interrupted_evaluation_resumes_from_its_journal(plan_dir, tmp_path):
+    from moespec.calibrate.evaluate import EvaluationSettings, evaluate, journal_header
+    from moespec.errors import SettingError
+    from moespec.files import Journal
+    from moespec.models import load_model
+    from moespec.progress import Progress
+
+    class StopAfter(Progress):  # the user's Ctrl-C after `runs` finished runs
+        def __init__(self, runs):
+            super().__init__(False)
+            self.left = runs
+
+        def advance(self, count=1):
+            self.left -= 1
+            if self.left == 0:
+                raise KeyboardInterrupt
+
+    out, directory = plan_dir
+    plan = load_plan(out / "plan.json")
+    model, tokenizer = load_model(directory, dtype="fp32")
+    settings = EvaluationSettings(
+        prompts=2,
+        prompt_tokens=8,
+        tokens=8,
+        repeats=2,
+        verify_repeats=1,
+        max_draft_length=3,
+        acceptances=(0.3, 0.9),
+        bandwidth_bytes=1 << 20,
+    )
+    path, header = tmp_path / "evaluation.jsonl", journal_header(plan, settings)
+    with pytest.raises(KeyboardInterrupt):
+        evaluate(plan, model, tokenizer, settings, StopAfter(20), Journal(path, header))
+    with path.open("a") as f:
+        f.write('{"run": [0.3, 1')  # torn by the interruption
+    finished = [e for e in Journal(path, header).entries if "run" in e]
+    assert len(finished) == 20  # the 20th was journaled before its progress step
+    result = evaluate(plan, model, tokenizer, settings, journal=Journal(path, header))
+    # 16 runs a repeat: the first sweep and the verify phase after it had finished
+    assert result["resumed"] == {"runs": 20, "phases": ["verify 0", "sweep 0", "verify 1"]}
+    log = result["sweep"]["log"]
+    assert len(log) == 2 * 2 * 4 * 2 and log[:20] == [e["run"] for e in finished]
+    assert len({tuple(row[:4]) for row in log}) == len(log)  # every run once
+    assert result["runs_off_the_greedy_continuation"] == 0
+    # another setting, or a remade plan, never resumes this journal; --force starts afresh
+    other = journal_header(plan, EvaluationSettings(repeats=3))
+    with pytest.raises(SettingError, match="other settings"):
+        Journal(path, other)
+    assert Journal(path, other, restart=True).entries == []
+
+
+def test_evaluation_settings_refuse_an_unknown_sweep_order():
+    from moespec.calibrate.evaluate import EvaluationSettings
+
+    with pytest.raises(ValueError, match="sweep_order 'rows'"):
+        EvaluationSettings(sweep_order="rows")
 
 
 def test_evaluate_command_refuses_to_overwrite(plan_dir, tmp_path, capsys):
@@ -305,6 +408,19 @@ def test_evaluate_command_refuses_to_overwrite(plan_dir, tmp_path, capsys):
     assert code == 2
     assert "--force" in capsys.readouterr().err
     assert existing.read_text() == "{}"
+
+
+def test_evaluate_command_writes_the_scorecard_and_drops_its_journal(plan_dir, tmp_path, capsys):
+    out, directory = plan_dir
+    target = tmp_path / "evaluation.json"
+    options = ["--prompts", "1", "--prompt-tokens", "8", "--tokens", "8", "--repeats", "1"]
+    code = main(["evaluate", str(out), "--model", str(directory), "--out", str(target), *options])
+    assert code == 0
+    assert "noise floor" in capsys.readouterr().out
+    result = json.loads(target.read_text())
+    assert len(result["sweep"]["log"]) == 11 * 4  # the 11 acceptances x k = 0..3, one prompt
+    assert result["resumed"]["runs"] == 0
+    assert not target.with_suffix(".jsonl").exists()  # the journal goes once the file is whole
 
 
 def test_ratio_anchoring_scales_the_plans_own_verify_times():

@@ -15,9 +15,16 @@ on a cache holding the prompt and half of it (depth = the middle of the decoded 
 The sweep (seed 000 §4.3): the oracle draft at acceptance a for k = 0..k_max, each cell
 `prompts` x `repeats` runs of `tokens` tokens, with common random numbers (each run's
 per-position draft flags are shared by every (a, k) cell: `OracleDrafter(positional=True)`),
-cells in a random order within each repeat, and a verify phase before the first repeat and
-after each. The sweep runs with deduplication on (the per-slot kernel at n = 1, where both read
-the same experts) and the prediction scores V_hat(k) = tau_hat_dedup(k + 1) + h(k), as the
+and a verify phase before the first repeat and after each. The order (`sweep_order`):
+"blocks" (the default) runs one block per (acceptance, prompt) in a random order within each
+repeat, and in each block the k_max + 1 draft lengths back to back in a random order, so the
+runs a row's k* and loss compare are seconds apart; "cells" runs whole (a, k) cells in a random
+order, a row's cells then lie up to a whole phase apart (the order of the earlier scorecards:
+on the demo the machine's read bandwidth moved between 52 and 34 GB/s within one phase, and
+that drift landed in the row's comparisons).
+
+The sweep runs with deduplication on (the per-slot kernel at n = 1, where both read the same
+experts) and the prediction scores V_hat(k) = tau_hat_dedup(k + 1) + h(k), as the
 paper does; the oracle costs nothing (h = 0).
 """
 
@@ -38,6 +45,8 @@ from moespec.decoding.setup import greedy_reference
 from moespec.plan import Plan
 from moespec.progress import Progress
 
+SWEEP_ORDERS = ("blocks", "cells")
+
 
 @dataclass
 class EvaluationSettings:
@@ -53,8 +62,14 @@ class EvaluationSettings:
     verify_repeats: int = 3
     seed: int = 0
     bandwidth_bytes: int = 1 << 30  # the buffer each read-bandwidth reading sums
+    sweep_order: str = "blocks"  # or "cells" (see the module's docstring)
 
     def __post_init__(self):
+        if self.sweep_order not in SWEEP_ORDERS:
+            raise ValueError(
+                f"evaluation sweep_order {self.sweep_order!r}: expected one of "
+                + ", ".join(SWEEP_ORDERS)
+            )
         for name in ("prompts", "prompt_tokens", "tokens", "repeats", "verify_repeats"):
             if getattr(self, name) < 1:
                 raise ValueError(f"evaluation setting {name} must be >= 1")
@@ -63,6 +78,11 @@ class EvaluationSettings:
                 f"evaluation tokens ({self.tokens}) must be at least twice the largest pass "
                 f"({self.max_draft_length + 1})"
             )
+
+
+def spread(values) -> dict:
+    """Median, smallest and largest of a list of ratios."""
+    return {"median": statistics.median(values), "min": min(values), "max": max(values)}
 
 
 def evaluation_prompts(tokenizer, count: int, prompt_tokens: int) -> list[list[int]]:
@@ -97,8 +117,16 @@ def stream_reuse(model, streams: list[list[int]], start: int) -> float:
 class Evaluation:
     """The harness; `run()` returns the whole evaluation as a dict (see `evaluate`)."""
 
-    def __init__(self, model, prompts, settings: EvaluationSettings, dedup_kernel="dedup"):
+    def __init__(
+        self, model, prompts, settings: EvaluationSettings, dedup_kernel="dedup", journal=None
+    ):
         self.model, self.prompts, self.settings = model, prompts, settings
+        # finished runs and phases (moespec.files.Journal): an interrupted evaluation resumes
+        self.journal = journal
+        earlier = journal.entries if journal is not None else []
+        self.done_runs = {tuple(e["run"][:4]): e for e in earlier if "run" in e}
+        self.done_phases = {e["phase"]["phase"]: e for e in earlier if "phase" in e}
+        self.resumed = {"runs": 0, "phases": []}
         # as the engine runs by default: a verify pass gives each token the bits it gets
         # alone, so in bf16 too the sweep decodes exactly the greedy continuation
         model.batch_invariant = True
@@ -114,11 +142,13 @@ class Evaluation:
         self.diverged = 0  # runs whose output left the plain greedy continuation
 
     # -- verify times -------------------------------------------------------------------
-    def verify_phase(self, keep: bool = True) -> None:
+    def verify_phase(self, keep: bool = True) -> list:
         """Time passes of n = 1..k_max+1 tokens of each prompt's continuation, both kernels,
         interleaved in a fresh random order each round (`calibrate.verify.round_order`), each
-        on the cache of prompt + half the continuation, rolled back."""
+        on the cache of prompt + half the continuation, rolled back. Returns the samples
+        [kernel, n, seconds] (kept in verify_samples too where `keep`)."""
         s, model = self.settings, self.model
+        samples = []
         sizes = range(1, s.max_draft_length + 2)
         for prompt, reference in zip(self.prompts, self.references, strict=True):
             stream = prompt + reference
@@ -132,97 +162,162 @@ class Evaluation:
                     model(batch, cache, kernel=kernel, all_logits=True)
                     elapsed = time.perf_counter() - start
                     cache.rollback(depth)
-                    if keep:
-                        self.verify_samples.setdefault((kernel, n), []).append(elapsed)
+                    samples.append([kernel, n, elapsed])
+        if keep:
+            for kernel, n, elapsed in samples:
+                self.verify_samples.setdefault((kernel, n), []).append(elapsed)
+        return samples
 
     # -- the sweep ----------------------------------------------------------------------
-    def run_cell(self, acceptance: float, k: int, repeat: int) -> tuple[float, list]:
-        """tokens/s of one (a, k) cell in one repeat, pooled over the prompts (decode tokens
-        over decode seconds without the oracle's), and the verify seconds of its k-steps."""
-        tokens = seconds = 0.0
-        steps = []
-        for index, (prompt, reference) in enumerate(
-            zip(self.prompts, self.references, strict=True)
-        ):
-            drafter = OracleDrafter(
-                reference,
-                len(prompt),
-                acceptance,
-                self.model.config.vocab_size,
-                seed=self.settings.seed * 100_003 + repeat * 1_009 + index,
-                resync=lambda c, n: greedy_reference(self.model, c, n, self.sweep_kernels),
-                positional=True,
+    def run_one(self, acceptance: float, k: int, repeat: int, index: int):
+        """One run of `tokens` tokens on prompt `index`: (decode tokens, decode seconds without
+        the oracle's, and (step seconds without the oracle's, verify seconds) of each of its
+        steps that drafted k tokens."""
+        prompt, reference = self.prompts[index], self.references[index]
+        drafter = OracleDrafter(
+            reference,
+            len(prompt),
+            acceptance,
+            self.model.config.vocab_size,
+            seed=self.settings.seed * 100_003 + repeat * 1_009 + index,
+            resync=lambda c, n: greedy_reference(self.model, c, n, self.sweep_kernels),
+            positional=True,
+        )
+        records = list(
+            generate(
+                self.model,
+                prompt,
+                max_tokens=self.settings.tokens,
+                kernels=self.sweep_kernels,
+                drafter=drafter,
+                draft_policy=DraftLengthPolicy(k),
             )
-            records = list(
-                generate(
-                    self.model,
-                    prompt,
-                    max_tokens=self.settings.tokens,
-                    kernels=self.sweep_kernels,
-                    drafter=drafter,
-                    draft_policy=DraftLengthPolicy(k),
-                )
-            )
-            decode = [r for r in records if r.phase == "decode"]
-            emitted = [t for r in records for t in r.tokens]
-            self.diverged += emitted != reference[: len(emitted)]
-            tokens += sum(len(r.tokens) for r in decode)
-            seconds += sum(r.seconds - r.draft_seconds for r in decode)
-            steps += [r.verify_seconds for r in decode if r.drafted == k]
-        return tokens / seconds, steps
+        )
+        decode = [r for r in records if r.phase == "decode"]
+        emitted = [t for r in records for t in r.tokens]
+        self.diverged += emitted != reference[: len(emitted)]
+        tokens = sum(len(r.tokens) for r in decode)
+        seconds = sum(r.seconds - r.draft_seconds for r in decode)
+        steps = [(r.seconds - r.draft_seconds, r.verify_seconds) for r in decode if r.drafted == k]
+        return tokens, seconds, steps
 
     def _phase(self, name: str, fn) -> None:
+        """Run one phase between two read-bandwidth readings, journaled (a verify phase with
+        its samples); one an earlier, interrupted run finished is taken from its journal."""
+        if name in self.done_phases:
+            entry = self.done_phases[name]
+            for kernel, n, elapsed in entry.get("samples", []):
+                self.verify_samples.setdefault((kernel, n), []).append(elapsed)
+            if name.startswith("sweep"):
+                fn()  # every run of it is in the journal: taken from there, none runs
+            self.phases.append(entry["phase"])
+            self.resumed["phases"].append(name)
+            return
         before = read_bandwidth(self.settings.bandwidth_bytes)
         start = time.perf_counter()
-        fn()
-        self.phases.append(
-            {
-                "phase": name,
-                "seconds": time.perf_counter() - start,
-                "read_bandwidth_before": before,
-                "read_bandwidth_after": read_bandwidth(self.settings.bandwidth_bytes),
-            }
-        )
+        samples = fn()
+        record = {
+            "phase": name,
+            "seconds": time.perf_counter() - start,
+            "read_bandwidth_before": before,
+            "read_bandwidth_after": read_bandwidth(self.settings.bandwidth_bytes),
+        }
+        self.phases.append(record)
+        if self.journal is not None:
+            self.journal.append({"phase": record, **({"samples": samples} if samples else {})})
 
     def run(self, progress: Progress | None = None) -> dict:
         s = self.settings
         progress = progress or Progress(False)
-        cells = [(a, k) for a in s.acceptances for k in range(s.max_draft_length + 1)]
-        rates = {cell: [] for cell in cells}
-        step_samples = {k: [] for k in range(s.max_draft_length + 1)}
+        ks = list(range(s.max_draft_length + 1))
+        prompts = range(len(self.prompts))
+        # per (a, k) cell and repeat: [tokens, seconds] pooled over the prompts
+        pooled = {(a, k): [[0, 0.0] for _ in range(s.repeats)] for a in s.acceptances for k in ks}
+        per_run = {}  # (a, k, repeat, prompt): tokens/s, for the paired speedups
+        step_samples = {k: [] for k in ks}
         order = random.Random(s.seed)
-        # warm-up, alike for every arm: one verify phase and one short run per k, discarded
+        # warm-up, alike for every arm: one verify phase and one run per k, discarded
         self.verify_phase(keep=False)
-        for k in range(s.max_draft_length + 1):
-            self.run_cell(0.9, k, repeat=-1)
-        progress.start("evaluating: verify phases and the sweep", total=s.repeats * len(cells))
+        for k in ks:
+            self.run_one(0.9, k, repeat=-1, index=0)
+        runs = s.repeats * len(s.acceptances) * len(ks) * len(self.prompts)
+        progress.start("evaluating: verify phases and the sweep", total=runs)
+
+        log = []  # every run in the order it ran: a, k, repeat, prompt, tokens, seconds, start
+        began = time.perf_counter()
+
+        def one(a, k, repeat, index):
+            earlier = self.done_runs.get((a, k, repeat, index))
+            if earlier is not None:  # finished by an interrupted run: its journal entry
+                row, steps = earlier["run"], [tuple(x) for x in earlier["steps"]]
+                tokens, seconds = row[4], row[5]
+                self.resumed["runs"] += 1
+            else:
+                start = time.perf_counter() - began
+                tokens, seconds, steps = self.run_one(a, k, repeat, index)
+                row = [a, k, repeat, index, tokens, seconds, start]
+                if self.journal is not None:
+                    self.journal.append({"run": row, "steps": steps})
+            log.append(row)
+            pooled[a, k][repeat][0] += tokens
+            pooled[a, k][repeat][1] += seconds
+            per_run[a, k, repeat, index] = tokens / seconds
+            step_samples[k] += steps
+            progress.advance()
+
         self._phase("verify 0", self.verify_phase)
         for repeat in range(s.repeats):
-            shuffled = order.sample(cells, len(cells))
+            if s.sweep_order == "blocks":
+                blocks = [(a, i) for a in s.acceptances for i in prompts]
+                runs = [
+                    (a, k, i)
+                    for a, i in order.sample(blocks, len(blocks))
+                    for k in order.sample(ks, len(ks))
+                ]
+            else:
+                cells = [(a, k) for a in s.acceptances for k in ks]
+                runs = [(a, k, i) for a, k in order.sample(cells, len(cells)) for i in prompts]
 
-            def sweep(shuffled=shuffled, repeat=repeat):
-                for a, k in shuffled:
-                    rate, steps = self.run_cell(a, k, repeat)
-                    rates[a, k].append(rate)
-                    step_samples[k] += steps
-                    progress.advance()
+            def sweep(runs=runs, repeat=repeat):
+                for a, k, i in runs:
+                    one(a, k, repeat, i)
 
             self._phase(f"sweep {repeat}", sweep)
             self._phase(f"verify {repeat + 1}", self.verify_phase)
-        return self._results(rates, step_samples)
+        rates = {cell: [t / sec for t, sec in values] for cell, values in pooled.items()}
+        results = self._results(rates, per_run, step_samples)
+        results["resumed"] = self.resumed
+        results["sweep"]["log"] = log
+        results["sweep"]["log_columns"] = [
+            "acceptance",
+            "k",
+            "repeat",
+            "prompt",
+            "tokens",
+            "seconds",
+            "start",
+        ]
+        return results
 
-    def _results(self, rates, step_samples) -> dict:
+    def _results(self, rates, per_run, step_samples) -> dict:
         s = self.settings
         by_acceptance = {}
         for a in s.acceptances:
             medians = {k: statistics.median(rates[a, k]) for k in range(s.max_draft_length + 1)}
             best = max(medians, key=lambda k: (medians[k], -k))
+            blocks = [(r, i) for r in range(s.repeats) for i in range(len(self.prompts))]
+            paired = {
+                k: [per_run[a, k, r, i] / per_run[a, 0, r, i] for r, i in blocks] for k in medians
+            }
             by_acceptance[str(a)] = {
                 "tokens_per_second": medians,
                 "runs": {k: rates[a, k] for k in medians},
                 "speedup": {k: medians[k] / medians[0] for k in medians},
                 "measured_best": best,
                 "measured_best_speedup": medians[best] / medians[0],
+                # per (repeat, prompt): the run's tokens/s over the same prompt's k = 0 run of
+                # the same repeat (seconds apart in the "blocks" order): median and range
+                "paired_speedup": {k: spread(v) for k, v in paired.items()},
             }
         records = []
         for (kernel, n), values in sorted(self.verify_samples.items(), key=lambda x: x[0][::-1]):
@@ -230,10 +325,15 @@ class Evaluation:
             records.append(
                 {"kernel": kernel, "n_tokens": n, "seconds": values, "median": median, "iqr": iqr}
             )
+        ks = sorted(step_samples)
         return {
             "sweep": {
                 "by_acceptance": by_acceptance,
-                "step_times": [statistics.median(step_samples[k]) for k in sorted(step_samples)],
+                # the sweep's own V(k): the median step that drafted k tokens, as tokens/s pays
+                # it (the whole step without the oracle's time), which the noise floor takes k*
+                # from; beside it the verify pass alone (with acceptance and rollback)
+                "step_times": [statistics.median(t for t, _ in step_samples[k]) for k in ks],
+                "verify_step_times": [statistics.median(v for _, v in step_samples[k]) for k in ks],
             },
             "verify_records": records,
             "phases": self.phases,
@@ -241,21 +341,40 @@ class Evaluation:
         }
 
 
-def evaluate(plan: Plan, model, tokenizer, settings: EvaluationSettings, progress=None) -> dict:
+def journal_header(plan: Plan, settings: EvaluationSettings) -> dict:
+    """What an evaluation's journal must match to be resumed: the plan's model and dtype, its
+    one-token time (a remade plan starts afresh), the settings and the thread count."""
+    return {
+        "evaluation": asdict(settings),
+        "model": asdict(plan.model),
+        "model_dir": plan.model_dir,
+        "dtype": plan.dtype,
+        "plan_plain_time": plan.measured_verify["slot"][0],
+        "threads": torch.get_num_threads(),
+    }
+
+
+def evaluate(
+    plan: Plan, model, tokenizer, settings: EvaluationSettings, progress=None, journal=None
+) -> dict:
     """Run the harness for a plan made for `model`; anchor each of the plan's versions on this
     run's tau_meas(1) and score it; the noise floor (k* from the sweep's own V(k)) beside.
     The calibrated version is scored a second time re-anchored by the ratio of the one-token
     times (`predict.ratio_anchored`, "calibrated_by_ratio"), the reading for drift between
     the plan's run and this one that scales every pass alike.
 
+    journal: a `moespec.files.Journal` (header `journal_header`) that every finished run and
+    phase is appended to, and that an interrupted evaluation's finished work is taken from
+    (its sweep order is the same: the seed draws it); "resumed" counts what was.
+
     Returns settings, stream (depth, the decoded span's rho_hat(2) beside the plan's), sweep,
     verify_records, phases (read bandwidth before and after each), anchor, versions
-    {name: {prediction, score}} and noise_floor."""
+    {name: {prediction, score}}, noise_floor and resumed."""
     if plan.chain is None:
         raise ValueError("the plan keeps no prediction chain (made by an older moespec): remake it")
     dedup = plan.kernel.dedup_kernel
     prompts = evaluation_prompts(tokenizer, settings.prompts, settings.prompt_tokens)
-    harness = Evaluation(model, prompts, settings, dedup)
+    harness = Evaluation(model, prompts, settings, dedup, journal)
     results = harness.run(progress)
     plain = statistics.median(harness.verify_samples["slot", 1])
     draft_time = np.zeros(settings.max_draft_length + 1)  # the oracle costs nothing
@@ -316,6 +435,29 @@ def scorecard(result: dict) -> str:
         noise = floor.get(rule)
         tail = f"{'holds' if noise['holds'] else 'fails'} ({noise['detail']})" if noise else "-"
         lines.append(f"{rule:<{width}}  " + "  ".join(f"{c:<22}" for c in cells) + f"  {tail}")
+    rows = result["sweep"]["by_acceptance"]
+    widths = {}
+    for a, row in rows.items():
+        paired = row.get("paired_speedup")
+        if paired:
+            best = paired.get(row["measured_best"]) or paired[str(row["measured_best"])]
+            widths[a] = (best["max"] - best["min"]) / best["median"]
+    if widths:
+        widest = max(widths, key=widths.get)
+        order = result["settings"].get("sweep_order", "cells")
+        lines.append(
+            f"sweep in {order} order; at each row's measured best k the runs' speedups over "
+            f"the same prompt's k = 0 spread by up to {widths[widest]:.0%} of their median "
+            f"(a = {widest})"
+        )
+    sweep = result["sweep"]
+    if "verify_step_times" in sweep:
+        pairs = zip(sweep["step_times"], sweep["verify_step_times"], strict=True)
+        outside = [t - v for t, v in pairs]
+        lines.append(
+            f"the sweep's steps take {min(outside) * 1e3:.3f}-{max(outside) * 1e3:.3f} ms "
+            "outside the verify pass (the noise floor's V(k) includes it, the prediction not)"
+        )
     anchor = result["anchor"]
     lines.append(
         f"anchor tau(1) = {anchor['plain_time'] * 1e3:.3f} ms here, "

@@ -195,7 +195,8 @@ def score_values(
 
 
 def noise_floor(sweep: dict) -> dict:
-    """The k* and loss rules with k* taken from the sweep's own measured V(k): what the
-    sweep's noise alone lets a perfect prediction reach (reported beside every score)."""
+    """The k* and loss rules with k* taken from the sweep's own measured V(k) (its steps as
+    tokens/s pays them): what the sweep's noise alone lets a perfect prediction reach
+    (reported beside every score)."""
     k_rule, loss_rule = rule_best_draft_length(sweep["step_times"], sweep["by_acceptance"])
     return {"k* within one at >= 9 of 11": k_rule, "throughput lost <= 6%": loss_rule}

@@ -27,6 +27,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--repeats", type=positive_int, default=3, help="runs per prompt and cell")
     parser.add_argument("--verify-repeats", type=positive_int, default=3)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument(
+        "--sweep-order",
+        choices=("blocks", "cells"),
+        default="blocks",
+        help="blocks: each (acceptance, prompt)'s draft lengths back to back (default); "
+        "cells: whole (acceptance, k) cells in a random order",
+    )
     parser.add_argument("--out", metavar="FILE.json", required=True)
     parser.add_argument("--force", action="store_true", help="overwrite an existing --out")
     parser.add_argument("--json", action="store_true", help="print the evaluation as JSON")
@@ -45,9 +52,14 @@ def plan_model_dir(plan: dict, path: Path) -> Path:
 
 
 def run(args: argparse.Namespace) -> int:
-    from moespec.calibrate.evaluate import EvaluationSettings, evaluate, scorecard
+    from moespec.calibrate.evaluate import (
+        EvaluationSettings,
+        evaluate,
+        journal_header,
+        scorecard,
+    )
     from moespec.calibrate.plan import load_plan
-    from moespec.files import check_writable, write_json
+    from moespec.files import Journal, check_writable, write_json
     from moespec.models import load_model
     from moespec.progress import Progress, show_progress
 
@@ -63,14 +75,20 @@ def run(args: argparse.Namespace) -> int:
         verify_repeats=args.verify_repeats,
         max_draft_length=len(plan.verify_time) - 1,
         seed=args.seed,
+        sweep_order=args.sweep_order,
     )
     model_dir = Path(args.model) if args.model else plan_model_dir(plan, path)
     model, tokenizer = load_model(model_dir, dtype=plan.dtype)
     load_plan(path, model.config)  # the plan must be this model's
+    # finished runs go to OUT.jsonl as they finish: a rerun after an interruption resumes
+    journal = Journal(
+        Path(args.out).with_suffix(".jsonl"), journal_header(plan, settings), restart=args.force
+    )
     with Progress(show_progress(quiet=args.json)) as progress:
-        result = evaluate(plan, model, tokenizer, settings, progress)
+        result = evaluate(plan, model, tokenizer, settings, progress, journal)
     result["plan"] = str(path)
     write_json(args.out, result, force=args.force)
+    journal.remove()
     if args.json:
         print(json.dumps(result))
         return 0
