@@ -363,6 +363,7 @@ def main(argv=None) -> int:
             nbytes[name] = moespec_step_bytes(arm.model, mean_depth)
     if "transformers" in arms:  # the same bf16 tensors as moespec's
         nbytes["transformers"] = nbytes.get("moespec") or nbytes["llama.cpp-bf16"]
+    uses_llamacpp = any(isinstance(arm, LlamaCppArm) for arm in arms.values())
     bandwidth = {t: read_bandwidths(t) for t in threads}
     load = {"start": os.getloadavg()}
     decode, verify, beside = measure(args, arms, prompt, text, threads)
@@ -372,7 +373,12 @@ def main(argv=None) -> int:
             bandwidth[t][kind] = max(bandwidth[t][kind], value)
     report = {
         "benchmark": "decode_vs_llamacpp",
-        "machine": {**machine(), "cpu_flags": cpu_flags(), **llamacpp.versions()},
+        "machine": {
+            **machine(),
+            "cpu_flags": cpu_flags(),
+            # llama.cpp's versions where it ran (a run without it does not need it installed)
+            **(llamacpp.versions() if uses_llamacpp else {}),
+        },
         "settings": {
             **{k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()},
             "threads": threads,

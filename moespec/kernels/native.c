@@ -506,20 +506,28 @@ int moespec_int8_avx2(const int8_t *Q, const uint16_t *scales, const uint16_t *x
  * rounding differs between the two ISAs: vdpbf16ps adds a pair at once). The loops are
  * unrolled by pragma so that the accumulators live in registers (left to itself, gcc kept
  * them in a stack array, stored each step) and each row's pair of inputs is broadcast once per
- * pair, not once per vector; the weights V2_AHEAD pairs ahead (4 KiB of bf16) are prefetched.
+ * pair, not once per vector; the weights AHEAD pairs ahead are prefetched (see V2_AHEAD).
  * On an AVX2-only host (Zen 3) that made a [2048, 2048] product streamed from memory on one
  * thread 1.25x (bf16) and 1.53x (int8) as fast at 2 rows, 1.20x and 1.35x at 9, paired
  * medians; one row moved within the noise, 1.02x and 0.99x
  * (`benchmarks/cpu_paths.py --rows N --before-rev 4314d1c`). */
 #ifndef V2_AHEAD
-#define V2_AHEAD 16 /* pairs of inputs the AVX2 sweeps prefetch ahead (0: none) */
+#define V2_AHEAD 16 /* pairs of inputs the half-group AVX2 sweeps prefetch ahead (0: none) */
+#endif
+/* The whole-group one-row sweep (a decode step's products) prefetches 4 pairs (1 KiB) ahead:
+ * on an AVX2-only host (Zen 3) a [2048, 2048] product streamed from memory on one thread ran
+ * 1.20x (bf16) and 1.21x (int8) as fast as at 16 pairs, paired medians of 9 rounds, while at
+ * 2 rows (the half-group sweeps) 4 pairs ran 0.88x and 0.93x as fast as 16
+ * (`benchmarks/cpu_paths.py --rows N --before-rev REV`). */
+#ifndef V2_AHEAD_ONE
+#define V2_AHEAD_ONE 4
 #endif
 #ifndef V2_HINT
 #define V2_HINT _MM_HINT_T0 /* T2, NTA and 64 pairs ahead moved one row within the noise */
 #endif
 V2_TARGET INLINE void v2_pairs_sweep(const uint16_t *P, int64_t JP, const float *x, int64_t xs,
-                                     const int NR, const int NV, int64_t half, uint16_t *out,
-                                     int64_t O, int64_t o0) {
+                                     const int NR, const int NV, const int AHEAD, int64_t half,
+                                     uint16_t *out, int64_t O, int64_t o0) {
     __m256 acc[HALF_ROWS][8];
     const __m256i hi = _mm256_set1_epi32((int)0xffff0000u);
 #pragma GCC unroll 2
@@ -529,8 +537,8 @@ V2_TARGET INLINE void v2_pairs_sweep(const uint16_t *P, int64_t JP, const float 
     for (int64_t jp = 0; jp < JP; jp++) {
         const uint16_t *pw = P + jp * 2 * PAIR_GROUP + half * 64;
 #pragma GCC unroll 4
-        for (int l = 0; l < (V2_AHEAD ? NV / 2 : 0); l++)
-            _mm_prefetch((const char *)(pw + V2_AHEAD * 2 * PAIR_GROUP) + l * 64, V2_HINT);
+        for (int l = 0; l < (AHEAD ? NV / 2 : 0); l++)
+            _mm_prefetch((const char *)(pw + AHEAD * 2 * PAIR_GROUP) + l * 64, V2_HINT);
         __m256 x0[HALF_ROWS], x1[HALF_ROWS]; /* the row's pair of inputs, broadcast once */
 #pragma GCC unroll 2
         for (int r = 0; r < NR; r++) {
@@ -564,7 +572,8 @@ V2_TARGET INLINE void v2_pairs_sweep(const uint16_t *P, int64_t JP, const float 
     V2_TARGET __attribute__((noinline)) static void v2p_##NR_##_##NV_(                       \
         const uint16_t *P, int64_t JP, const float *x, int64_t xs, int64_t half, uint16_t *out, \
         int64_t O, int64_t o0) {                                                             \
-        v2_pairs_sweep(P, JP, x, xs, NR_, NV_, half, out, O, o0);                            \
+        v2_pairs_sweep(P, JP, x, xs, NR_, NV_, NV_ == 8 ? V2_AHEAD_ONE : V2_AHEAD, half, out, O, \
+                       o0);                                                                  \
     }
 V2SWEEPS(1, 8) V2SWEEPS(1, 4) V2SWEEPS(2, 4)
 
@@ -620,7 +629,7 @@ V2_TARGET int moespec_bf16_pairs_avx2(const uint16_t *P, const uint16_t *x, uint
  * group for one row or half a group for up to two rows, as the bf16 pair sweeps. */
 V2_TARGET INLINE void v2_qpairs_sweep(const int8_t *P, int64_t JP, const int16_t *x, int64_t xs,
                                       const float *xscale, const int NR, const int NV,
-                                      int64_t half, const uint16_t *wscale, uint16_t *out,
+                                      const int AHEAD, int64_t half, const uint16_t *wscale, uint16_t *out,
                                       int64_t O, int64_t o0) {
     __m256 f[HALF_ROWS][8];
 #pragma GCC unroll 2
@@ -637,8 +646,8 @@ V2_TARGET INLINE void v2_qpairs_sweep(const int8_t *P, int64_t JP, const int16_t
         for (int64_t jp = b0; jp < b1; jp++) {
             const int8_t *pw = P + jp * 2 * PAIR_GROUP + half * 64;
 #pragma GCC unroll 2
-            for (int l = 0; l < (V2_AHEAD ? NV / 4 : 0); l++) /* as many bytes ahead as bf16 */
-                _mm_prefetch((const char *)(pw + 2 * V2_AHEAD * 2 * PAIR_GROUP) + l * 64,
+            for (int l = 0; l < (AHEAD ? NV / 4 : 0); l++) /* as many bytes ahead as bf16 */
+                _mm_prefetch((const char *)(pw + 2 * AHEAD * 2 * PAIR_GROUP) + l * 64,
                              V2_HINT);
             __m256i xp[HALF_ROWS]; /* the row's pair of inputs, broadcast once */
 #pragma GCC unroll 2
@@ -677,7 +686,8 @@ V2_TARGET INLINE void v2_qpairs_sweep(const int8_t *P, int64_t JP, const int16_t
     V2_TARGET __attribute__((noinline)) static void v2q_##NR_##_##NV_(                       \
         const int8_t *P, int64_t JP, const int16_t *x, int64_t xs, const float *xscale,       \
         int64_t half, const uint16_t *wscale, uint16_t *out, int64_t O, int64_t o0) {         \
-        v2_qpairs_sweep(P, JP, x, xs, xscale, NR_, NV_, half, wscale, out, O, o0);           \
+        v2_qpairs_sweep(P, JP, x, xs, xscale, NR_, NV_, NV_ == 8 ? V2_AHEAD_ONE : V2_AHEAD, half, \
+                        wscale, out, O, o0);                                                 \
     }
 V2QSWEEP(1, 8) V2QSWEEP(1, 4) V2QSWEEP(2, 4)
 
