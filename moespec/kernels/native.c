@@ -629,8 +629,8 @@ V2_TARGET int moespec_bf16_pairs_avx2(const uint16_t *P, const uint16_t *x, uint
  * group for one row or half a group for up to two rows, as the bf16 pair sweeps. */
 V2_TARGET INLINE void v2_qpairs_sweep(const int8_t *P, int64_t JP, const int16_t *x, int64_t xs,
                                       const float *xscale, const int NR, const int NV,
-                                      const int AHEAD, int64_t half, const uint16_t *wscale, uint16_t *out,
-                                      int64_t O, int64_t o0) {
+                                      const int AHEAD, int64_t half, const uint16_t *wscale,
+                                      uint16_t *out, int64_t O, int64_t o0) {
     __m256 f[HALF_ROWS][8];
 #pragma GCC unroll 2
     for (int r = 0; r < NR; r++)
