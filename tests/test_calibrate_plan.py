@@ -244,14 +244,16 @@ def test_force_restarts_the_benchmark_instead_of_resuming_it(text_checkpoint, tm
     assert all(r["median"] != 123.0 for r in load_raw(raw))
 
 
-def test_evaluation_scores_every_version_on_one_run(plan_dir, tmp_path):
-    from moespec.calibrate.evaluate import EvaluationSettings, evaluate
+def small_evaluation(plan_dir, **changes):
+    """The plan, its fp32 model and tokenizer, and evaluation settings small enough for a test
+    (2 prompts x 2 repeats of 8 tokens, k = 0..3, two acceptances; `changes` override)."""
+    from moespec.calibrate.evaluate import EvaluationSettings
     from moespec.models import load_model
 
     out, directory = plan_dir
     plan = load_plan(out / "plan.json")
     model, tokenizer = load_model(directory, dtype="fp32")
-    settings = EvaluationSettings(
+    settings = dict(
         prompts=2,
         prompt_tokens=8,
         tokens=8,
@@ -261,6 +263,13 @@ def test_evaluation_scores_every_version_on_one_run(plan_dir, tmp_path):
         acceptances=(0.3, 0.9),
         bandwidth_bytes=1 << 20,
     )
+    return plan, model, tokenizer, EvaluationSettings(**{**settings, **changes})
+
+
+def test_evaluation_scores_every_version_on_one_run(plan_dir, tmp_path):
+    from moespec.calibrate.evaluate import evaluate
+
+    plan, model, tokenizer, settings = small_evaluation(plan_dir)
     result = evaluate(plan, model, tokenizer, settings)
     # greedy speculative output is the plain greedy continuation in every run (fp32)
     assert result["runs_off_the_greedy_continuation"] == 0
@@ -317,22 +326,10 @@ def test_evaluation_scores_every_version_on_one_run(plan_dir, tmp_path):
 
 
 def test_evaluation_cells_order_runs_whole_cells(plan_dir):
-    from moespec.calibrate.evaluate import EvaluationSettings, evaluate
-    from moespec.models import load_model
+    from moespec.calibrate.evaluate import evaluate
 
-    out, directory = plan_dir
-    plan = load_plan(out / "plan.json")
-    model, tokenizer = load_model(directory, dtype="fp32")
-    settings = EvaluationSettings(
-        prompts=3,
-        prompt_tokens=8,
-        tokens=8,
-        repeats=1,
-        verify_repeats=1,
-        max_draft_length=3,
-        acceptances=(0.5,),
-        bandwidth_bytes=1 << 20,
-        sweep_order="cells",
+    plan, model, tokenizer, settings = small_evaluation(
+        plan_dir, prompts=3, repeats=1, acceptances=(0.5,), sweep_order="cells"
     )
     log = evaluate(plan, model, tokenizer, settings)["sweep"]["log"]
     assert len(log) == 4 * 3
@@ -346,7 +343,6 @@ def test_interrupted_evaluation_resumes_from_its_journal(plan_dir, tmp_path):
     from moespec.calibrate.evaluate import EvaluationSettings, evaluate, journal_header
     from moespec.errors import SettingError
     from moespec.files import Journal
-    from moespec.models import load_model
     from moespec.progress import Progress
 
     class StopAfter(Progress):  # the user's Ctrl-C after `runs` finished runs
@@ -359,19 +355,7 @@ def test_interrupted_evaluation_resumes_from_its_journal(plan_dir, tmp_path):
             if self.left == 0:
                 raise KeyboardInterrupt
 
-    out, directory = plan_dir
-    plan = load_plan(out / "plan.json")
-    model, tokenizer = load_model(directory, dtype="fp32")
-    settings = EvaluationSettings(
-        prompts=2,
-        prompt_tokens=8,
-        tokens=8,
-        repeats=2,
-        verify_repeats=1,
-        max_draft_length=3,
-        acceptances=(0.3, 0.9),
-        bandwidth_bytes=1 << 20,
-    )
+    plan, model, tokenizer, settings = small_evaluation(plan_dir)
     path, header = tmp_path / "evaluation.jsonl", journal_header(plan, settings)
     with pytest.raises(KeyboardInterrupt):
         evaluate(plan, model, tokenizer, settings, StopAfter(20), Journal(path, header))
