@@ -1,0 +1,221 @@
+"""Benchmark: the offload policies' own time per layer, the Python on a decode step's hot path.
+
+Every MoE layer of an offloaded pass waits for its decisions: the layer driver's plan (the
+policy's `plan_layer`, the plan check, pins, fetch admission) between the router's output and
+the experts' compute, and its finish (`end_layer`: the estimator, the balancer, the prefetch
+queue) before the next layer. The engine and the simulator run the same driver and policies, so
+this times them in the simulator, where nothing else runs: the thread CPU time of
+`LayerDriver.plan` and `LayerDriver.finish`, per layer pass, for each policy on two workloads:
+
+- `qwen3`: seed 003's setting (Qwen3-30B-A3B shapes, 48 layers of 128 experts, top 8, passes of
+  k + 1 = 9 tokens, 25% cache; the calibration gate's routing and profile);
+- `olmoe`: OLMoE-1B-7B shapes (16 layers of 64 experts, top 8) at its published rho(2), k = 4,
+  25% cache, the same profile.
+
+--before-rev REV times the moespec package as of git revision REV (extracted to a temporary
+folder) in the same rounds: each round runs this tree and REV in two child processes, in an
+order alternating per round, so the paired ratio before/after per round has its range.
+
+    python benchmarks/policy_overhead.py --out FILE [--rounds 5] [--tokens 128]
+        [--policies spac,static,lru,hybrid] [--before-rev REV]
+"""
+
+import argparse
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tarfile
+import tempfile
+import time
+from io import BytesIO
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+WORKLOADS = ("qwen3", "olmoe")
+
+
+def measure(workload: str, policies: list[str], tokens: int) -> dict:
+    """{policy: {"plan_us", "finish_us", "layer_passes"}} of one simulated run each (a child)."""
+    from moespec.offload import get_profile, make_policy
+    from moespec.offload.driver import LayerDriver
+    from moespec.offload.sim.calibration import GATE_PROFILE, gate_settings, gate_workload
+    from moespec.offload.sim.experiments import settings_for
+    from moespec.offload.sim.simulator import simulate
+    from moespec.offload.sim.workload import synthetic_workload
+
+    spent = {"plan": 0.0, "finish": 0.0, "passes": 0}
+    plan, finish = LayerDriver.plan, LayerDriver.finish
+
+    def timed_plan(self, *args, **kwargs):
+        start = time.thread_time()
+        try:
+            return plan(self, *args, **kwargs)
+        finally:
+            spent["plan"] += time.thread_time() - start
+            spent["passes"] += 1
+
+    def timed_finish(self, *args, **kwargs):
+        start = time.thread_time()
+        try:
+            return finish(self, *args, **kwargs)
+        finally:
+            spent["finish"] += time.thread_time() - start
+
+    LayerDriver.plan, LayerDriver.finish = timed_plan, timed_finish
+    if workload == "qwen3":
+        work = gate_workload(tokens + 9)
+        settings = gate_settings(work, tokens=tokens)
+        profile = get_profile(GATE_PROFILE)
+    else:
+        work = synthetic_workload("olmoe-1b-7b", tokens=tokens + 5, fit_tokens=256, seed=0)
+        settings = settings_for(
+            work, cache_ratio=0.25, draft_length=4, acceptance=0.7, tokens=tokens
+        )
+        profile = get_profile(GATE_PROFILE)
+    out = {}
+    for name in policies:
+        spent.update(plan=0.0, finish=0.0, passes=0)
+        policy = make_policy(name).fit(work.fit_trace())
+        result = simulate(work.trace, policy, profile, settings)
+        n = max(spent["passes"], 1)
+        out[name] = {
+            "plan_us": 1e6 * spent["plan"] / n,
+            "finish_us": 1e6 * spent["finish"] / n,
+            "layer_passes": spent["passes"],
+            "tokens_per_second": result.tokens_per_second,
+        }
+    return out
+
+
+def before_tree(rev: str) -> Path:
+    """The moespec package as of git revision `rev`, extracted into a temporary folder."""
+    done = subprocess.run(
+        ["git", "archive", "--format=tar", rev, "moespec"], cwd=HERE, capture_output=True
+    )
+    if done.returncode != 0:
+        raise SystemExit(f"--before-rev {rev}: git archive failed: {done.stderr.decode().strip()}")
+    folder = Path(tempfile.mkdtemp(prefix="moespec-before-"))
+    with tarfile.open(fileobj=BytesIO(done.stdout)) as tar:
+        tar.extractall(folder, filter="data")
+    return folder
+
+
+def child(tree: Path | None, workload: str, policies: list[str], tokens: int) -> dict:
+    """measure() in a fresh process, importing moespec from `tree` (None: this tree)."""
+    env = dict(os.environ)
+    root = tree if tree is not None else HERE.parent
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(root), env.get("PYTHONPATH")]))
+    command = [
+        sys.executable,
+        str(Path(__file__).resolve()),
+        "--child",
+        json.dumps({"workload": workload, "policies": policies, "tokens": tokens}),
+    ]
+    done = subprocess.run(command, env=env, cwd=root, capture_output=True, text=True)
+    if done.returncode != 0:
+        raise SystemExit(f"child run failed ({workload}, {root}): {done.stderr.strip()[-500:]}")
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def summarize(rounds: list[dict], policies: list[str], arms: list[str]) -> dict:
+    """Per workload, policy and arm: median plan, finish and total us per layer pass; with a
+    before arm, the paired per-round ratio before / after of the total, median and range."""
+    out = {}
+    for workload in WORKLOADS:
+        out[workload] = {}
+        for name in policies:
+            row = {}
+            for arm in arms:
+                runs = [r[arm][workload][name] for r in rounds]
+                totals = [x["plan_us"] + x["finish_us"] for x in runs]
+                row[arm] = {
+                    "plan_us": statistics.median(x["plan_us"] for x in runs),
+                    "finish_us": statistics.median(x["finish_us"] for x in runs),
+                    "total_us": statistics.median(totals),
+                    "total_us_by_round": totals,
+                    "tokens_per_second": runs[0]["tokens_per_second"],
+                }
+            if "before" in arms:
+                ratios = [
+                    b / a
+                    for a, b in zip(
+                        row["after"]["total_us_by_round"],
+                        row["before"]["total_us_by_round"],
+                        strict=True,
+                    )
+                ]
+                row["before_over_after"] = {
+                    "median": statistics.median(ratios),
+                    "min": min(ratios),
+                    "max": max(ratios),
+                }
+            out[workload][name] = row
+    return out
+
+
+def main() -> int:
+    if len(sys.argv) == 3 and sys.argv[1] == "--child":
+        spec = json.loads(sys.argv[2])
+        print(json.dumps(measure(spec["workload"], spec["policies"], spec["tokens"])))
+        return 0
+    from moespec.files import check_writable, write_json
+    from moespec.provenance import provenance
+
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", required=True, type=Path)
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--tokens", type=int, default=128, help="tokens emitted per run")
+    parser.add_argument("--policies", default="spac,static,lru,hybrid")
+    parser.add_argument("--before-rev", metavar="REV")
+    parser.add_argument("--force", action="store_true")
+    args = parser.parse_args()
+    check_writable(args.out, force=args.force)
+    if args.rounds < 1 or args.tokens < 1:
+        raise SystemExit("--rounds and --tokens must be at least 1")
+    policies = [p for p in args.policies.split(",") if p]
+    trees = {"after": None}
+    if args.before_rev:
+        trees["before"] = before_tree(args.before_rev)
+    arms = list(trees)
+    rounds = []
+    try:
+        for i in range(args.rounds):
+            order = arms if i % 2 == 0 else arms[::-1]
+            result = {}
+            for arm in order:
+                result[arm] = {w: child(trees[arm], w, policies, args.tokens) for w in WORKLOADS}
+            rounds.append(result)
+            print(f"round {i + 1}/{args.rounds} done", flush=True)
+    finally:
+        if "before" in trees:
+            shutil.rmtree(trees["before"], ignore_errors=True)
+    summary = summarize(rounds, policies, arms)
+    for workload, rows in summary.items():
+        for name, row in rows.items():
+            line = "  ".join(
+                f"{a} {row[a]['plan_us']:6.0f} + {row[a]['finish_us']:5.0f} us" for a in arms
+            )
+            ratio = row.get("before_over_after")
+            extra = (
+                f"  before/after x{ratio['median']:.2f} ({ratio['min']:.2f}-{ratio['max']:.2f})"
+                if ratio
+                else ""
+            )
+            print(f"{workload:6s} {name:8s} plan + finish per layer: {line}{extra}")
+    write_json(
+        args.out,
+        {
+            "benchmark": "policy decision time per layer pass (simulator, thread CPU time)",
+            "settings": {**vars(args), "out": str(args.out)},
+            "results": summary,
+            "provenance": provenance(),
+        },
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
