@@ -14,7 +14,10 @@ this times them in the simulator, where nothing else runs: the thread CPU time o
 
 --before-rev REV times the moespec package as of git revision REV (extracted to a temporary
 folder) in the same rounds: each round runs this tree and REV in two child processes, in an
-order alternating per round, so the paired ratio before/after per round has its range.
+order alternating per round, so the paired ratio before/after per round has its range. It also
+checks that both decided alike: the same simulated tokens/s, hit rate and bytes copied (these
+profiles keep decisions off the virtual clock, so a change that only makes them faster changes
+none of the three).
 
     python benchmarks/policy_overhead.py --out FILE [--rounds 5] [--tokens 128]
         [--policies spac,static,lru,hybrid] [--before-rev REV]
@@ -86,6 +89,8 @@ def measure(workload: str, policies: list[str], tokens: int) -> dict:
             "finish_us": 1e6 * spent["finish"] / n,
             "layer_passes": spent["passes"],
             "tokens_per_second": result.tokens_per_second,
+            "hit_rate": result.hit_rate,
+            "bytes_copied": result.stats.bytes_copied,
         }
     return out
 
@@ -93,7 +98,7 @@ def measure(workload: str, policies: list[str], tokens: int) -> dict:
 def before_tree(rev: str) -> Path:
     """The moespec package as of git revision `rev`, extracted into a temporary folder."""
     done = subprocess.run(
-        ["git", "archive", "--format=tar", rev, "moespec"], cwd=HERE, capture_output=True
+        ["git", "archive", "--format=tar", rev, "moespec"], cwd=HERE.parent, capture_output=True
     )
     if done.returncode != 0:
         raise SystemExit(f"--before-rev {rev}: git archive failed: {done.stderr.decode().strip()}")
@@ -137,8 +142,16 @@ def summarize(rounds: list[dict], policies: list[str], arms: list[str]) -> dict:
                     "total_us": statistics.median(totals),
                     "total_us_by_round": totals,
                     "tokens_per_second": runs[0]["tokens_per_second"],
+                    "hit_rate": runs[0]["hit_rate"],
+                    "bytes_copied": runs[0]["bytes_copied"],
                 }
             if "before" in arms:
+                # The simulation is deterministic on these profiles (decisions off the clock):
+                # a faster policy must decide exactly as before.
+                row["same_decisions"] = all(
+                    row["before"][key] == row["after"][key]
+                    for key in ("tokens_per_second", "hit_rate", "bytes_copied")
+                )
                 ratios = [
                     b / a
                     for a, b in zip(
@@ -204,6 +217,8 @@ def main() -> int:
                 if ratio
                 else ""
             )
+            if row.get("same_decisions") is False:
+                extra += "  (the arms decided differently: tokens/s, hit rate or bytes differ)"
             print(f"{workload:6s} {name:8s} plan + finish per layer: {line}{extra}")
     write_json(
         args.out,
@@ -213,6 +228,7 @@ def main() -> int:
             "results": summary,
             "provenance": provenance(),
         },
+        force=args.force,
     )
     return 0
 

@@ -117,3 +117,26 @@ def test_the_link_takes_misses_while_the_cpu_queue_would_finish_later():
     assert link_fetches([1e-3] * 4, link_backlog=5e-3, copy_seconds=0.5e-3,
                         accelerator_seconds=0.1e-3) == 0  # fmt: skip
     assert link_fetches([], link_backlog=0, copy_seconds=1e-3, accelerator_seconds=0) == 0
+
+
+@given(
+    st.integers(1, 5).flatmap(
+        lambda k: st.tuples(
+            st.just(k),
+            st.lists(st.tuples(st.integers(0, k), st.integers(1, 9)), min_size=1, max_size=12),
+        )
+    )
+)
+def test_recorded_shares_are_the_counts_of_each_threshold(case):
+    """r_c(tau) and r_g(tau) against a loop over the experts (the definition, eq. 7-8)."""
+    k, rows = case
+    balancer = WorkloadBalancer(num_layers=1, max_utility=k)
+    utilities = np.array([u for u, _ in rows])
+    counts = np.array([c for _, c in rows])
+    balancer.record(0, utilities, counts)
+    total = sum(c for _, c in rows)
+    for tau in range(1, k + 1):
+        cold_slots = sum(c for u, c in rows if u < tau)
+        hot_experts = sum(1 for u, _ in rows if u >= tau)
+        assert balancer.cpu_share[0, tau - 1] == cold_slots / total
+        assert balancer.gpu_share[0, tau - 1] == hot_experts / len(rows)

@@ -36,3 +36,31 @@ def test_the_victim_is_the_least_recently_used_of_the_lowest_utility_that_can_le
     assert pool.victim(below=4, can_leave=lambda layer, e: (layer, e) != (1, 2)) == (0, 1)
     assert pool.victim(below=1, can_leave=lambda layer, e: layer == 0 and e == 0) is None
     assert pool.bytes_at.tolist() == [20, 10, 10, 0, 0]
+
+
+def test_pushing_many_is_pushing_each_in_order():
+    one, many = PrefetchQueue(2, 6, 3), PrefetchQueue(2, 6, 3)
+    requests = [(1, 5, 2), (1, 0, 3), (1, 5, 2), (1, 2, 1), (1, 5, 3)]
+    one.push(0, 4, 3)
+    many.push(0, 4, 3)
+    for layer, expert, level in requests:
+        one.push(layer, expert, level)
+    many.push_many(1, [e for _, e, _ in requests], [lv for _, _, lv in requests])
+    assert [one.pop() for _ in range(6)] == [many.pop() for _ in range(6)]
+    assert len(one) == len(many) == 0
+
+
+def test_moving_many_is_moving_each_in_order_and_keeps_the_bytes_per_level():
+    one = EvictionPool(2, 4, 3, expert_bytes=[10, 30])
+    many = EvictionPool(2, 4, 3, expert_bytes=[10, 30])
+    for pool in (one, many):
+        for key, level in [((0, 0), 1), ((1, 1), 0), ((1, 2), 2), ((1, 3), 0)]:
+            pool.add(*key, level)
+    moves = [(3, 2), (1, 0), (2, 2), (3, 1)]  # layer 1: (expert, new level)
+    for expert, level in moves:
+        one.move(1, expert, level)
+    many.move_many(1, [e for e, _ in moves], [lv for _, lv in moves])
+    assert one.buckets == many.buckets
+    assert many.bytes_at.tolist() == [30, 40, 30, 0]  # level 0: (1, 1); 1: (0, 0), (1, 3)
+    assert many.bytes_below() == [30, 70, 100]  # levels < tau for tau = 1, 2, 3
+    assert [list(b) for b in many.buckets] == [[(1, 1)], [(0, 0), (1, 3)], [(1, 2)], []]

@@ -75,10 +75,14 @@ class WorkloadBalancer:
 
     def record(self, layer: int, utilities: np.ndarray, counts: np.ndarray) -> None:
         """One pass's needed experts at `layer`: their utilities (before the update) and counts."""
-        taus = np.arange(1, self.max_utility + 1)[:, None]  # [K, 1]
-        hot = utilities[None, :] >= taus  # [K, b]
-        self.cpu_share[layer] += (counts * ~hot).sum(axis=1) / counts.sum()
-        self.gpu_share[layer] += hot.mean(axis=1)
+        # Per utility level v = 0..K: the slots and the experts at v; tau = 1..K takes the
+        # levels below tau to the CPU (cumulative sums, the same integers as masks would count).
+        levels = self.max_utility + 1
+        slots = np.bincount(utilities, weights=counts, minlength=levels)[:levels]
+        experts = np.bincount(utilities, minlength=levels)[:levels]
+        b = len(counts)
+        self.cpu_share[layer] += np.cumsum(slots)[:-1] / counts.sum()
+        self.gpu_share[layer] += (b - np.cumsum(experts)[:-1]) / b
         self.distinct[layer] += len(counts)
         self.passes[layer] += 1
 

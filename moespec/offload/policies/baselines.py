@@ -44,18 +44,27 @@ class LRUPolicy(OffloadPolicy):
 
     def plan_layer(self, layer, experts, counts, now) -> LayerPlan:
         cached = self.cache.present[layer, experts]
-        for e in experts[cached]:
-            self._order[layer].move_to_end(int(e))
+        order = self._order[layer]
+        for e in experts[cached].tolist():
+            order.move_to_end(e)
         return LayerPlan(accelerator=experts, cpu=EMPTY, fetch=experts[~cached])
 
     def choose_victim(self, layer, expert, now):
+        victim = self._victim_in(layer, now)
+        if victim is not None:
+            return victim
         fullest = sorted(range(len(self._order)), key=lambda lv: -len(self._order[lv]))
-        for victim_layer in [layer, *fullest]:
-            order = self._order[victim_layer]
-            for e in order:
-                if self.cache.evictable(victim_layer, e, now):
-                    del order[e]
-                    return victim_layer, e
+        for victim_layer in fullest:
+            if (victim := self._victim_in(victim_layer, now)) is not None:
+                return victim
+        return None
+
+    def _victim_in(self, layer: int, now: float) -> tuple[int, int] | None:
+        order = self._order[layer]
+        for e in order:
+            if self.cache.evictable(layer, e, now):
+                del order[e]
+                return layer, e
         return None
 
 

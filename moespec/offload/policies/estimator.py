@@ -112,7 +112,10 @@ class UtilityEstimator:
             delta = f - u * (self.window_tokens / self.max_utility)
         up = delta >= self.theta_up[layer]
         down = ~up & (-delta >= self.theta_down[layer])
-        np.clip(u + up - down, 0, self.max_utility, out=u)
+        u += up
+        u -= down
+        np.minimum(u, self.max_utility, out=u)  # (np.clip's checks cost more than this)
+        np.maximum(u, 0, out=u)
         if self.adaptive:
             lam = self.forgetting
             rising, falling = delta > 0, delta < 0

@@ -12,6 +12,7 @@ experts that cannot leave now (in use or arriving), so it costs O(K + skipped).
 """
 
 from collections import deque
+from itertools import accumulate
 
 import numpy as np
 
@@ -19,23 +20,35 @@ import numpy as np
 class PrefetchQueue:
     def __init__(self, num_layers: int, num_experts: int, max_utility: int):
         self.levels = [deque() for _ in range(max_utility + 1)]  # index = utility
-        self.queued = np.full((num_layers, num_experts), -1, dtype=np.int64)  # level or -1
+        # queued[l][e]: the level of (l, e)'s live request, or -1 (Python lists: the queue is
+        # touched per expert on every layer of a pass, where numpy's scalar access costs more)
+        self.queued = [[-1] * num_experts for _ in range(num_layers)]
         self.by_layer = [set() for _ in range(num_layers)]
 
     def push(self, layer: int, expert: int, level: int) -> None:
-        if self.queued[layer, expert] == level:
+        row = self.queued[layer]
+        if row[expert] == level:
             return
-        self.queued[layer, expert] = level  # an older entry at another level becomes stale
+        row[expert] = level  # an older entry at another level becomes stale
         self.levels[level].append((layer, expert))
         self.by_layer[layer].add(expert)
+
+    def push_many(self, layer: int, experts, levels) -> None:
+        """push(layer, e, level) for each pair, in order (lists of ints)."""
+        row, pending, fifos = self.queued[layer], self.by_layer[layer], self.levels
+        for expert, level in zip(experts, levels, strict=True):
+            if row[expert] != level:
+                row[expert] = level
+                fifos[level].append((layer, expert))
+                pending.add(expert)
 
     def pop(self) -> tuple[int, int] | None:
         for level in range(len(self.levels) - 1, -1, -1):
             fifo = self.levels[level]
             while fifo:
                 layer, expert = fifo.popleft()
-                if self.queued[layer, expert] == level:
-                    self.queued[layer, expert] = -1
+                if self.queued[layer][expert] == level:
+                    self.queued[layer][expert] = -1
                     self.by_layer[layer].discard(expert)
                     return layer, expert
         return None
@@ -45,7 +58,9 @@ class PrefetchQueue:
         experts = self.by_layer[layer]
         cancelled = len(experts)
         if cancelled:
-            self.queued[layer, list(experts)] = -1
+            row = self.queued[layer]
+            for expert in experts:
+                row[expert] = -1
             experts.clear()
         return cancelled
 
@@ -56,25 +71,46 @@ class PrefetchQueue:
 class EvictionPool:
     def __init__(self, num_layers: int, num_experts: int, max_utility: int, expert_bytes):
         self.buckets = [dict() for _ in range(max_utility + 1)]  # index = utility
-        self.level = np.full((num_layers, num_experts), -1, dtype=np.int64)  # [L, N]
-        self.expert_bytes = np.asarray(expert_bytes, dtype=np.int64)
-        self.bytes_at = np.zeros(max_utility + 1, dtype=np.int64)  # cached bytes per level
+        self.level = [[-1] * num_experts for _ in range(num_layers)]  # [L][N]: level or -1
+        self.expert_bytes = [int(b) for b in expert_bytes]
+        self._bytes_at = [0] * (max_utility + 1)
+
+    @property
+    def bytes_at(self) -> np.ndarray:
+        """Cached bytes per level [K + 1]."""
+        return np.array(self._bytes_at, dtype=np.int64)
+
+    def bytes_below(self) -> list[int]:
+        """[K]: the cached bytes at levels below tau, for tau = 1..K."""
+        return list(accumulate(self._bytes_at))[:-1]
 
     def add(self, layer: int, expert: int, level: int) -> None:
-        self.level[layer, expert] = level
+        self.level[layer][expert] = level
         self.buckets[level][(layer, expert)] = None
-        self.bytes_at[level] += self.expert_bytes[layer]
+        self._bytes_at[level] += self.expert_bytes[layer]
 
     def remove(self, layer: int, expert: int) -> None:
-        level = self.level[layer, expert]
+        level = self.level[layer][expert]
         del self.buckets[level][(layer, expert)]
-        self.level[layer, expert] = -1
-        self.bytes_at[level] -= self.expert_bytes[layer]
+        self.level[layer][expert] = -1
+        self._bytes_at[level] -= self.expert_bytes[layer]
 
     def move(self, layer: int, expert: int, level: int) -> None:
         """Re-key a cached expert at a new utility, or mark it used (same level: to the back)."""
-        self.remove(layer, expert)
-        self.add(layer, expert, level)
+        self.move_many(layer, (expert,), (level,))
+
+    def move_many(self, layer: int, experts, levels) -> None:
+        """move(layer, e, level) for each pair, in order (lists of ints)."""
+        row, buckets, nbytes = self.level[layer], self.buckets, self.expert_bytes[layer]
+        at = self._bytes_at
+        for expert, level in zip(experts, levels, strict=True):
+            key, old = (layer, expert), row[expert]
+            del buckets[old][key]
+            buckets[level][key] = None  # to the back: the most recently used of its level
+            if old != level:
+                row[expert] = level
+                at[old] -= nbytes
+                at[level] += nbytes
 
     def victim(self, below: int, can_leave) -> tuple[int, int] | None:
         """The least recently used expert of the lowest level < `below` that can leave now."""
@@ -85,4 +121,5 @@ class EvictionPool:
         return None
 
     def __contains__(self, key) -> bool:
-        return self.level[key] >= 0
+        layer, expert = key
+        return self.level[layer][expert] >= 0

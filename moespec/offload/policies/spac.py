@@ -16,6 +16,7 @@ Ablations (seed 003 Table 2) are `SpAcConfig` switches; see `ABLATIONS`.
 """
 
 from dataclasses import dataclass, replace
+from itertools import accumulate
 
 import numpy as np
 
@@ -118,11 +119,13 @@ class SpAcPolicy(OffloadPolicy):
         self.balancer.record(layer, u[experts], counts)
         self.cancelled += self.queue.cancel_layer(layer)
         cached = self.cache.present[layer, experts]
-        for e in experts[cached]:
-            self.pool.move(layer, int(e), int(u[e]))  # used now: to the back of its level
-        fetch = self._link_fetches(layer, experts[~cached], counts[~cached], now)
-        accelerator = np.concatenate([experts[cached], fetch]).astype(np.int64)
-        return LayerPlan(accelerator, np.setdiff1d(experts[~cached], fetch), fetch)
+        resident, misses = experts[cached], experts[~cached]
+        self.pool.move_many(layer, resident.tolist(), u[resident].tolist())  # used now: last
+        fetch = self._link_fetches(layer, misses, counts[~cached], now)
+        if not len(fetch):
+            return LayerPlan(resident.astype(np.int64), misses.astype(np.int64), EMPTY)
+        accelerator = np.concatenate([resident, fetch]).astype(np.int64)
+        return LayerPlan(accelerator, np.setdiff1d(misses, fetch), fetch)
 
     def _link_fetches(self, layer, misses, counts, now) -> np.ndarray:
         """The misses to copy on demand (spac-link only), hottest first; see link_fetches."""
@@ -145,14 +148,14 @@ class SpAcPolicy(OffloadPolicy):
         old = self.estimator.utility[layer].copy()
         u = self.estimator.update(layer, frequency)
         present = self.cache.present[layer]
-        for e in np.flatnonzero(present & (u != old)):
-            self.pool.move(layer, int(e), int(u[e]))
+        moved = np.flatnonzero(present & (u != old))
+        self.pool.move_many(layer, moved.tolist(), u[moved].tolist())
         if not self.config.prefetch:
             return
         tau = self.tau[layer] = self._choose_tau(layer)
         hot = np.flatnonzero((u >= tau) & ~present)
-        for e in hot[np.argsort(-u[hot], kind="stable")]:
-            self.queue.push(layer, int(e), int(u[e]))
+        hot = hot[np.argsort(-u[hot], kind="stable")]
+        self.queue.push_many(layer, hot.tolist(), u[hot].tolist())
 
     def _window_frequency(self, layer, experts, counts) -> np.ndarray:
         ring = self._ring
@@ -168,17 +171,17 @@ class SpAcPolicy(OffloadPolicy):
         known = (times.cpu_per_slot, times.accelerator_per_expert, times.mean_layer_seconds(layer))
         if not cfg.balancer or self._step < cfg.warmup_steps or None in known:
             return static
+        # K + 1 levels: plain Python lists (numpy's per-call cost dominates arrays this small)
         u = self.estimator.utility[layer]
-        absent_levels = np.bincount(u[~self.cache.present[layer]], minlength=k + 1)
-        prefetch_counts = np.cumsum(absent_levels[::-1])[::-1][1:]  # n(tau), tau = 1..K
+        absent_levels = np.bincount(u[~self.cache.present[layer]], minlength=k + 1).tolist()
+        prefetch_counts = list(accumulate(reversed(absent_levels)))[::-1][1:]  # n(tau), 1..K
         # VRAM left(tau): free bytes plus the cached bytes of utility below tau.
-        below = np.cumsum(self.pool.bytes_at)[:-1]  # [K]: bytes at levels < tau
-        w = self.cache.expert_bytes[layer]
-        memory_capacity = (
-            (self.cache.free_bytes + below) / w
-            if cfg.evict
-            else (np.full(k, self.cache.free_bytes / w))
-        )
+        free, w = self.cache.free_bytes, int(self.cache.expert_bytes[layer])
+        if cfg.evict:
+            below = self.pool.bytes_below()  # [K]: bytes at levels < tau
+            memory_capacity = [(free + b) / w for b in below]
+        else:
+            memory_capacity = [free / w] * k
         window = known[2] + (times.draft_per_token or 0.0) * self.draft_length / len(self.tau)
         per_copy = times.copy_per_expert
         io_capacity = window / per_copy if per_copy else float("inf")
