@@ -54,6 +54,7 @@ from moespec.calibrate.plan import verify_documents  # noqa: E402
 from moespec.calibrate.timing import read_bandwidth  # noqa: E402
 from moespec.calibrate.verify import measure_verify  # noqa: E402
 from moespec.decoding import KernelPolicy, generate  # noqa: E402
+from moespec.demo import describe  # noqa: E402
 from moespec.files import check_writable, write_json  # noqa: E402
 from moespec.models import load_config, load_model  # noqa: E402
 from moespec.provenance import machine  # noqa: E402
@@ -382,7 +383,7 @@ def main(argv=None) -> int:
         "settings": {
             **{k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()},
             "threads": threads,
-            "checkpoint": str(directory),
+            "checkpoint": describe(directory),  # the demo pair by its place in the package
             "gguf": {k: str(v) for k, v in ggufs.items()},
             "model_shape": SHAPES.get(args.shape) if not (args.demo or args.model) else None,
             "prompt": PROMPT,

@@ -80,7 +80,10 @@ def main() -> int:
         args.out,
         {
             "benchmark": "offload engine vs simulator",
-            "settings": {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()},
+            "settings": {
+                **{k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()},
+                "model": describe(args.model) if args.model is not None else None,
+            },
             "workload": bench.description,
             "profile": bench.profile.to_dict(),
             "profile_ranges": profile_ranges,

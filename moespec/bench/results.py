@@ -150,6 +150,15 @@ RESULTS = [
         5,
     ),
     Result(
+        "policy-overhead",
+        ("policy_overhead.json",),
+        (
+            f"python benchmarks/policy_overhead.py --out {RESULTS_DIR}/policy_overhead.json "
+            "--rounds 5 --tokens 128 --before-rev 954fec9 --force",
+        ),
+        12,
+    ),
+    Result(
         "captured-step",
         ("captured_step.json",),
         (
