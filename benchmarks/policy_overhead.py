@@ -41,7 +41,8 @@ WORKLOADS = ("qwen3", "olmoe")
 
 
 def measure(workload: str, policies: list[str], tokens: int) -> dict:
-    """{policy: {"plan_us", "finish_us", "layer_passes"}} of one simulated run each (a child)."""
+    """{policy: plan and finish us per layer pass, the passes, and the run's simulated tokens/s,
+    hit rate and bytes copied}: one simulated run per policy (in a child process)."""
     from moespec.offload import get_profile, make_policy
     from moespec.offload.driver import LayerDriver
     from moespec.offload.sim.calibration import GATE_PROFILE, gate_settings, gate_workload
@@ -50,24 +51,20 @@ def measure(workload: str, policies: list[str], tokens: int) -> dict:
     from moespec.offload.sim.workload import synthetic_workload
 
     spent = {"plan": 0.0, "finish": 0.0, "passes": 0}
-    plan, finish = LayerDriver.plan, LayerDriver.finish
 
-    def timed_plan(self, *args, **kwargs):
-        start = time.thread_time()
-        try:
-            return plan(self, *args, **kwargs)
-        finally:
-            spent["plan"] += time.thread_time() - start
-            spent["passes"] += 1
+    def timed(method, key: str):
+        def wrapper(self, *args, **kwargs):
+            start = time.thread_time()
+            try:
+                return method(self, *args, **kwargs)
+            finally:
+                spent[key] += time.thread_time() - start
+                spent["passes"] += key == "plan"
 
-    def timed_finish(self, *args, **kwargs):
-        start = time.thread_time()
-        try:
-            return finish(self, *args, **kwargs)
-        finally:
-            spent["finish"] += time.thread_time() - start
+        return wrapper
 
-    LayerDriver.plan, LayerDriver.finish = timed_plan, timed_finish
+    LayerDriver.plan = timed(LayerDriver.plan, "plan")
+    LayerDriver.finish = timed(LayerDriver.finish, "finish")
     if workload == "qwen3":
         work = gate_workload(tokens + 9)
         settings = gate_settings(work, tokens=tokens)
