@@ -65,16 +65,15 @@ def measure(workload: str, policies: list[str], tokens: int) -> dict:
 
     LayerDriver.plan = timed(LayerDriver.plan, "plan")
     LayerDriver.finish = timed(LayerDriver.finish, "finish")
+    profile = get_profile(GATE_PROFILE)
     if workload == "qwen3":
         work = gate_workload(tokens + 9)
         settings = gate_settings(work, tokens=tokens)
-        profile = get_profile(GATE_PROFILE)
     else:
         work = synthetic_workload("olmoe-1b-7b", tokens=tokens + 5, fit_tokens=256, seed=0)
         settings = settings_for(
             work, cache_ratio=0.25, draft_length=4, acceptance=0.7, tokens=tokens
         )
-        profile = get_profile(GATE_PROFILE)
     out = {}
     for name in policies:
         spent.update(plan=0.0, finish=0.0, passes=0)
@@ -186,11 +185,18 @@ def main() -> int:
     if args.rounds < 1 or args.tokens < 1:
         raise SystemExit("--rounds and --tokens must be at least 1")
     policies = [p for p in args.policies.split(",") if p]
+    from moespec.offload import make_policy
+
+    for name in policies:
+        try:
+            make_policy(name)
+        except ValueError as e:
+            raise SystemExit(f"--policies: {e}") from None
     trees = {"after": None}
     if args.before_rev:
         trees["before"] = before_tree(args.before_rev)
     arms = list(trees)
-    rounds = []
+    rounds, interrupted = [], False
     try:
         for i in range(args.rounds):
             order = arms if i % 2 == 0 else arms[::-1]
@@ -199,6 +205,11 @@ def main() -> int:
                 result[arm] = {w: child(trees[arm], w, policies, args.tokens) for w in WORKLOADS}
             rounds.append(result)
             print(f"round {i + 1}/{args.rounds} done", flush=True)
+    except KeyboardInterrupt:  # keep the rounds finished
+        if not rounds:
+            raise
+        interrupted = True
+        print(f"interrupted: writing the {len(rounds)} rounds finished", flush=True)
     finally:
         if "before" in trees:
             shutil.rmtree(trees["before"], ignore_errors=True)
@@ -222,12 +233,14 @@ def main() -> int:
         {
             "benchmark": "policy decision time per layer pass (simulator, thread CPU time)",
             "settings": {**vars(args), "out": str(args.out)},
+            "rounds_finished": len(rounds),
+            "interrupted": interrupted,
             "results": summary,
             "provenance": provenance(),
         },
         force=args.force,
     )
-    return 0
+    return 130 if interrupted else 0
 
 
 if __name__ == "__main__":
