@@ -6,15 +6,16 @@ Each folder holds plan.json (`moespec plan`) and evaluation.json (`moespec evalu
 benchmarks/scorecard.py). Prints one Markdown row per folder and prediction version: the
 crossover predicted / measured, the verify-time error per kernel (n >= 2), k* within one, the
 largest throughput loss, epsilon, the rules held, and the noise floor of the two sweep rules.
+Verify times are measured as the rules measure them (`moespec.calibrate.score.
+measured_verify_times`: round by round where the evaluation recorded its rounds).
 """
 
 import argparse
 import json
-import statistics
 import sys
 from pathlib import Path
 
-from moespec.calibrate.score import measured_crossover
+from moespec.calibrate.score import measured_crossover, measured_verify_times
 
 
 def verify_error(predicted: list[float], measured: list[float]) -> float:
@@ -29,10 +30,9 @@ def row(folder: Path) -> list[str]:
     plan = json.loads((folder / "plan.json").read_text())
     evaluation = json.loads((folder / "evaluation.json").read_text())
     dedup = plan["kernel"]["dedup_kernel"]
-    by_kernel = {}
-    for r in evaluation["verify_records"]:
-        by_kernel.setdefault(r["kernel"], {})[r["n_tokens"]] = statistics.median(r["seconds"])
-    measured = {k: [v[n] for n in sorted(v)] for k, v in by_kernel.items()}
+    records = evaluation["verify_records"]
+    max_n = max(r["n_tokens"] for r in records)
+    measured = measured_verify_times(records, dedup, max_n)
     crossover = measured_crossover(measured["slot"], measured[dedup])
     floor = evaluation["noise_floor"]
     noise = " / ".join(floor[rule]["detail"] for rule in floor)

@@ -287,6 +287,13 @@ def test_evaluation_scores_every_version_on_one_run(plan_dir, tmp_path):
     assert all(len(runs) == 2 for runs in cell["runs"].values())  # one value per repeat
     samples = {(r["kernel"], r["n_tokens"]): r["seconds"] for r in result["verify_records"]}
     assert len(samples["slot", 4]) == 3 * 2  # three verify phases x two prompts
+    # each sample's round: every round timed each (kernel, n) once, so the scorer pairs them
+    rounds = {(r["kernel"], r["n_tokens"]): r["rounds"] for r in result["verify_records"]}
+    assert all(len(rounds[cell]) == len(samples[cell]) for cell in samples)
+    assert all(set(v) == set(rounds["slot", 1]) for v in rounds.values())
+    assert len(set(rounds["slot", 1])) == 6
+    assert {r.split("/")[0] for r in rounds["slot", 1]} == {"verify 0", "verify 1", "verify 2"}
+    assert all("verify_error_against_medians" in v for v in result["versions"].values())
     anchor = result["anchor"]["plain_time"]
     assert anchor == pytest.approx(float(np.median(samples["slot", 1])))
     for version in ("prediction", "measured_time", "calibrated"):
@@ -369,6 +376,11 @@ def test_interrupted_evaluation_resumes_from_its_journal(plan_dir, tmp_path):
     log = result["sweep"]["log"]
     assert len(log) == 2 * 2 * 4 * 2 and log[:20] == [e["run"] for e in finished]
     assert len({tuple(row[:4]) for row in log}) == len(log)  # every run once
+    # the resumed verify phases keep their rounds: the scorer still pairs every sample
+    from moespec.calibrate.score import round_paired
+
+    paired = round_paired(result["verify_records"])
+    assert paired is not None and len(paired["slot", 1]) == 3 * 2
     assert result["runs_off_the_greedy_continuation"] == 0
     # another setting, or a remade plan, never resumes this journal; --force starts afresh
     other = journal_header(plan, EvaluationSettings(repeats=3))

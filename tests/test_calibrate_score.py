@@ -1,10 +1,16 @@
 """The scoring rules of seed 000 Table 8 on hand-made inputs."""
 
 import numpy as np
+import pytest
 
 from moespec.calibrate.predict import Prediction
 from moespec.calibrate.score import (
+    measured_best,
     measured_crossover,
+    measured_verify_times,
+    paired_verify_times,
+    round_paired,
+    row_speedups,
     rule_best_draft_length,
     rule_crossover,
     rule_sign,
@@ -216,3 +222,101 @@ def test_scoring_script_writes_every_rule_and_the_noise_floor(tmp_path, capsys):
         "detail": "11 of 11",
     }
     assert "noise floor" in done.stdout
+
+
+# --- round-paired measurements (the one-process evaluation) -------------------------------
+
+
+def phased_records(times: dict, phases: list[float], noise=None):
+    """Records of one round per phase multiplier: each (kernel, n) takes times[cell] x the
+    round's multiplier (x its own noise factor, where given), rounds named out of order."""
+    names = [f"verify {i % 3}/{i}" for i in range(len(phases))][::-1]
+    records = []
+    for cell, t in times.items():
+        factors = noise[cell] if noise else [1.0] * len(phases)
+        seconds = [t * m * f for m, f in zip(phases, factors, strict=True)][::-1]
+        records.append({"kernel": cell[0], "n_tokens": cell[1], "seconds": seconds})
+        records[-1]["rounds"] = names
+    return records
+
+
+def test_paired_verify_times_are_the_anchor_times_the_rounds_own_ratios():
+    times = {("slot", 1): 1.0, ("slot", 2): 1.5, ("dedup", 1): 1.0, ("dedup", 2): 1.2}
+    phases = [1.0, 2.0, 2.0, 1.0, 1.0]  # the machine's two speeds, round by round
+    noise = {cell: [1.0, 1.0, 1.0, 1.0, 1.0] for cell in times}
+    noise["slot", 2] = [1.0, 1.1, 0.9, 1.02, 1.0]
+    by_cell = round_paired(phased_records(times, phases, noise))
+    paired = paired_verify_times(by_cell)
+    ref = [1.0, 2.0, 2.0, 1.0, 1.0]
+    ratios = sorted(1.5 * m * f / r for m, f, r in zip(phases, noise["slot", 2], ref, strict=True))
+    assert paired["slot", 1] == pytest.approx(1.0)  # median of the anchor's own samples
+    assert paired["slot", 2] == pytest.approx(1.0 * ratios[2])  # x the median ratio
+    assert paired["dedup", 2] == pytest.approx(1.2)
+
+
+def test_round_pairing_takes_the_machines_phases_out_of_the_verify_rule():
+    # Every pass 2x slower in 2 of 5 rounds; n = 2's median sample lands in the other phase
+    # than n = 1's when one fast round of n = 2 is a little slow: the medians then disagree
+    # by 2x on what the ratio tau(2) / tau(1) is, the rounds do not.
+    times = {("slot", 1): 1.0, ("slot", 2): 1.5, ("dedup", 1): 1.0, ("dedup", 2): 1.5}
+    phases = [1.0, 2.0, 1.0, 2.0, 1.0]
+    noise = {cell: [1.0] * 5 for cell in times}
+    noise["slot", 2] = [1.0, 1.0, 2.05, 1.0, 1.0]  # one fast round of slot n = 2 ran slowly
+    records = phased_records(times, phases, noise)
+    predicted = {"slot": [1.0, 1.5], "dedup": [1.0, 1.5]}
+    assert measured_verify_times(records, "dedup", 2)["slot"] == pytest.approx([1.0, 1.5])
+    unpaired = [{k: v for k, v in r.items() if k != "rounds"} for r in records]
+    assert measured_verify_times(unpaired, "dedup", 2)["slot"] == pytest.approx([1.0, 3.0])
+    assert rule_verify_time(predicted, measured_verify_times(records, "dedup", 2))[0]
+    assert not rule_verify_time(predicted, measured_verify_times(unpaired, "dedup", 2))[0]
+
+
+def test_round_pairing_refuses_records_of_other_rounds():
+    times = {("slot", 1): 1.0, ("slot", 2): 1.5}
+    records = phased_records(times, [1.0, 1.0, 1.0])
+    records[1]["rounds"] = ["a", "b", "c"]
+    with pytest.raises(ValueError, match=r"\('slot', 2\): timed in other rounds"):
+        round_paired(records)
+    records[1]["rounds"] = ["a"]
+    with pytest.raises(ValueError, match=r"\('slot', 2\): 1 rounds for 3 samples"):
+        round_paired(records)
+    del records[1]["rounds"]
+    assert round_paired(records) is None  # one record without rounds: medians for all
+
+
+def test_sign_rule_on_rounds_checks_a_saving_the_phases_hide():
+    # dedup saves 5% in every round; the rounds alternate between two speeds 2x apart, so
+    # the two kernels' samples overlap and the unpaired interval spans 0
+    times = {("slot", 1): 1.0, ("slot", 2): 1.0, ("dedup", 1): 1.0, ("dedup", 2): 0.95}
+    records = phased_records(times, [1.0, 2.0] * 5)
+    samples = {(r["kernel"], r["n_tokens"]): r["seconds"] for r in records}
+    low, high = saving_interval(samples["slot", 2], samples["dedup", 2], seed=2)
+    assert low < 0 < high
+    assert rule_sign([0.0, 0.1], samples, "dedup") == (True, "0 of 0")
+    paired = round_paired(records)
+    assert rule_sign([0.0, 0.1], samples, "dedup", paired) == (True, "1 of 1")
+    assert rule_sign([0.0, -0.1], samples, "dedup", paired) == (False, "0 of 1")
+
+
+def test_sweep_rows_are_scored_by_their_paired_speedups_where_they_have_them():
+    row = {
+        "tokens_per_second": {"0": 10.0, "1": 12.0, "2": 13.0},  # k = 2's runs in a fast phase
+        "paired_speedup": {
+            "0": {"median": 1.0, "min": 1.0, "max": 1.0},
+            "1": {"median": 1.25, "min": 1.2, "max": 1.3},
+            "2": {"median": 1.1, "min": 1.0, "max": 1.4},
+        },
+    }
+    assert row_speedups(row) == {0: 1.0, 1: 1.25, 2: 1.1}
+    assert measured_best(row) == 1
+    plain = {"tokens_per_second": row["tokens_per_second"]}
+    assert row_speedups(plain) == {0: 1.0, 1: 1.2, 2: 1.3} and measured_best(plain) == 2
+    steps = [1.0, 1.2, 10.0]  # k_hat* = 1 at a = 0.9
+    assert rule_best_draft_length(steps, {"0.9": row}, 1) == ((True, "1 of 1"), (True, "0.0%"))
+    loss = rule_best_draft_length(steps, {"0.9": plain}, 1)[1]
+    assert loss == (False, f"{1 - 12 / 13:.1%}")
+    # (21): the measured best speedup is the paired 1.25 (predicted 1.9 / 1.2 = 1.583)
+    assert (
+        rule_speedup(steps, {"0.9": row}, 0.12)[0]
+        and not rule_speedup(steps, {"0.9": row}, 0.11)[0]
+    )

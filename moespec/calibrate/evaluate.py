@@ -37,7 +37,14 @@ import numpy as np
 import torch
 
 from moespec.calibrate.predict import ACCEPTANCES, anchored_predictions, ratio_anchored
-from moespec.calibrate.score import noise_floor, score_prediction
+from moespec.calibrate.score import (
+    measured_best,
+    measured_verify_times,
+    noise_floor,
+    round_paired,
+    rule_verify_time,
+    score_prediction,
+)
 from moespec.calibrate.timing import median_iqr, read_bandwidth
 from moespec.calibrate.verify import round_order
 from moespec.decoding import DraftLengthPolicy, KernelPolicy, OracleDrafter, generate
@@ -137,16 +144,21 @@ class Evaluation:
         ]
         self.depth_offset = settings.tokens // 2
         self.verify_samples: dict[tuple[str, int], list[float]] = {}
+        # each sample's round ("phase/index in the phase"): a round times each (kernel, n) once,
+        # so the scorer pairs a round's passes (moespec.calibrate.score); None once a sample
+        # without its round is resumed from an older journal
+        self.verify_rounds: dict[tuple[str, int], list[str]] | None = {}
         self.rounds = random.Random(settings.seed)  # the verify rounds' orders
         self.phases: list[dict] = []
         self.diverged = 0  # runs whose output left the plain greedy continuation
 
     # -- verify times -------------------------------------------------------------------
-    def verify_phase(self, keep: bool = True) -> list:
+    def verify_phase(self, phase: str | None = None) -> list:
         """Time passes of n = 1..k_max+1 tokens of each prompt's continuation, both kernels,
         interleaved in a fresh random order each round (`calibrate.verify.round_order`), each
         on the cache of prompt + half the continuation, rolled back. Returns the samples
-        [kernel, n, seconds] (kept in verify_samples too where `keep`)."""
+        [kernel, n, seconds, round] (kept in verify_samples where `phase` names the phase;
+        the warm-up's, phase None, are not)."""
         s, model = self.settings, self.model
         samples = []
         sizes = range(1, s.max_draft_length + 2)
@@ -156,17 +168,25 @@ class Evaluation:
             cache = model.new_cache(capacity=depth + max(sizes) + 1)
             model(torch.tensor(stream[:depth]), cache, kernel="dedup")
             for _ in range(s.verify_repeats):
+                round_id = f"{phase}/{len(samples) // (len(self.kernels) * len(sizes))}"
                 for n, kernel in round_order(sizes, self.kernels, self.rounds):
                     batch = torch.tensor(stream[depth : depth + n])
                     start = time.perf_counter()
                     model(batch, cache, kernel=kernel, all_logits=True)
                     elapsed = time.perf_counter() - start
                     cache.rollback(depth)
-                    samples.append([kernel, n, elapsed])
-        if keep:
-            for kernel, n, elapsed in samples:
-                self.verify_samples.setdefault((kernel, n), []).append(elapsed)
+                    samples.append([kernel, n, elapsed, round_id])
+        if phase is not None:
+            self.keep_samples(samples)
         return samples
+
+    def keep_samples(self, samples) -> None:
+        for kernel, n, elapsed, *round_id in samples:
+            self.verify_samples.setdefault((kernel, n), []).append(elapsed)
+            if not round_id:
+                self.verify_rounds = None
+            elif self.verify_rounds is not None:
+                self.verify_rounds.setdefault((kernel, n), []).append(round_id[0])
 
     # -- the sweep ----------------------------------------------------------------------
     def run_one(self, acceptance: float, k: int, repeat: int, index: int):
@@ -206,8 +226,7 @@ class Evaluation:
         its samples); one an earlier, interrupted run finished is taken from its journal."""
         if name in self.done_phases:
             entry = self.done_phases[name]
-            for kernel, n, elapsed in entry.get("samples", []):
-                self.verify_samples.setdefault((kernel, n), []).append(elapsed)
+            self.keep_samples(entry.get("samples", []))
             if name.startswith("sweep"):
                 fn()  # every run of it is in the journal: taken from there, none runs
             self.phases.append(entry["phase"])
@@ -237,7 +256,7 @@ class Evaluation:
         step_samples = {k: [] for k in ks}
         order = random.Random(s.seed)
         # warm-up, alike for every arm: one verify phase and one run per k, discarded
-        self.verify_phase(keep=False)
+        self.verify_phase()
         for k in ks:
             self.run_one(0.9, k, repeat=-1, index=0)
         runs = s.repeats * len(s.acceptances) * len(ks) * len(self.prompts)
@@ -265,7 +284,7 @@ class Evaluation:
             step_samples[k] += steps
             progress.advance()
 
-        self._phase("verify 0", self.verify_phase)
+        self._phase("verify 0", lambda: self.verify_phase("verify 0"))
         for repeat in range(s.repeats):
             if s.sweep_order == "blocks":
                 blocks = [(a, i) for a in s.acceptances for i in prompts]
@@ -283,7 +302,8 @@ class Evaluation:
                     one(a, k, repeat, i)
 
             self._phase(f"sweep {repeat}", sweep)
-            self._phase(f"verify {repeat + 1}", self.verify_phase)
+            name = f"verify {repeat + 1}"
+            self._phase(name, lambda name=name: self.verify_phase(name))
         rates = {cell: [t / sec for t, sec in values] for cell, values in pooled.items()}
         results = self._results(rates, per_run, step_samples)
         results["resumed"] = self.resumed
@@ -304,27 +324,36 @@ class Evaluation:
         by_acceptance = {}
         for a in s.acceptances:
             medians = {k: statistics.median(rates[a, k]) for k in range(s.max_draft_length + 1)}
-            best = max(medians, key=lambda k: (medians[k], -k))
             blocks = [(r, i) for r in range(s.repeats) for i in range(len(self.prompts))]
             paired = {
                 k: [per_run[a, k, r, i] / per_run[a, 0, r, i] for r, i in blocks] for k in medians
             }
-            by_acceptance[str(a)] = {
+            row = {
                 "tokens_per_second": medians,
                 "runs": {k: rates[a, k] for k in medians},
                 "speedup": {k: medians[k] / medians[0] for k in medians},
-                "measured_best": best,
-                "measured_best_speedup": medians[best] / medians[0],
                 # per (repeat, prompt): the run's tokens/s over the same prompt's k = 0 run of
-                # the same repeat (seconds apart in the "blocks" order): median and range
+                # the same repeat (seconds apart in the "blocks" order): median and range; the
+                # rules and the measured best take these (moespec.calibrate.score)
                 "paired_speedup": {k: spread(v) for k, v in paired.items()},
             }
+            best = measured_best(row)
+            row["measured_best"] = best
+            row["measured_best_speedup"] = row["paired_speedup"][best]["median"]
+            by_acceptance[str(a)] = row
         records = []
         for (kernel, n), values in sorted(self.verify_samples.items(), key=lambda x: x[0][::-1]):
             median, iqr = median_iqr(values)
-            records.append(
-                {"kernel": kernel, "n_tokens": n, "seconds": values, "median": median, "iqr": iqr}
-            )
+            record = {
+                "kernel": kernel,
+                "n_tokens": n,
+                "seconds": values,
+                "median": median,
+                "iqr": iqr,
+            }
+            if self.verify_rounds is not None:
+                record["rounds"] = self.verify_rounds[kernel, n]
+            records.append(record)
         ks = sorted(step_samples)
         return {
             "sweep": {
@@ -391,13 +420,18 @@ def evaluate(
     # also re-anchored by the ratio of the one-token times (drift that scales every pass)
     versions["calibrated_by_ratio"] = ratio_anchored(versions["calibrated"], plain, plan_plain)
     scored = {}
+    unpaired = [{k: v for k, v in r.items() if k != "rounds"} for r in results["verify_records"]]
+    raw = measured_verify_times(unpaired, dedup, settings.max_draft_length + 1)
     for name, prediction in versions.items():
         rules = score_prediction(
             prediction, results["verify_records"], results["sweep"], step_kernel=dedup
         )
+        predicted = {k: list(v) for k, v in prediction.verify.items()}
         scored[name] = {
             "prediction": prediction.to_dict(),
             "score": {rule: {"holds": bool(h), "detail": d} for rule, (h, d) in rules.items()},
+            # the verify-time rule against each (kernel, n)'s median sample instead
+            "verify_error_against_medians": rule_verify_time(predicted, raw)[1],
         }
     floor = noise_floor(results["sweep"])
     streams = [p + r for p, r in zip(prompts, harness.references, strict=True)]
@@ -457,6 +491,18 @@ def scorecard(result: dict) -> str:
         lines.append(
             f"the sweep's steps take {min(outside) * 1e3:.3f}-{max(outside) * 1e3:.3f} ms "
             "outside the verify pass (the noise floor's V(k) includes it, the prediction not)"
+        )
+    records = result["verify_records"]
+    if round_paired(records) is not None:
+        raw = ", ".join(
+            f"{v} {e['verify_error_against_medians']}"
+            for v, e in result["versions"].items()
+            if "verify_error_against_medians" in e
+        )
+        lines.append(
+            "verify times scored round by round (median tau(1) x the median of each round's "
+            f"tau(n) / tau(1), {len(records[0]['seconds'])} rounds); against each (kernel, n)'s "
+            f"median sample instead: {raw}"
         )
     anchor = result["anchor"]
     lines.append(
