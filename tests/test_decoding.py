@@ -121,3 +121,22 @@ def test_streamed_text_never_splits_a_character(tmp_path):
     pieces = [stream.add([i]) for i in ids] + [stream.flush()]
     assert "".join(pieces) == text
     assert not any("\ufffd" in p for p in pieces)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.float64, torch.bfloat16])
+def test_greedy_tokens_are_torch_argmax_with_ties_nans_and_infinities(dtype):
+    from moespec.decoding.sampling import greedy_tokens
+
+    generator = torch.Generator().manual_seed(0)
+    logits = torch.randint(-3, 4, (9, 257), generator=generator).to(dtype)  # many ties
+    logits[1, 5] = float("inf")
+    logits[2, :] = float("-inf")
+    logits[3, 7] = logits[3, 200] = float("nan")  # the first NaN counts as the maximum
+    logits[4, 100:] = logits[4, :100].max() + 1  # the first of a run of maxima
+    strided = logits[:, ::2]  # not contiguous
+    for x in (logits, strided, logits[:-1]):
+        assert greedy_tokens(x) == torch.argmax(x, -1).tolist()
+        for row in x:
+            token = greedy_tokens(row)
+            assert isinstance(token, int) and token == int(torch.argmax(row))
+    assert greedy_tokens(logits[3]) == 7

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 import torch
 
-from moespec.decoding.sampling import Sampler
+from moespec.decoding.sampling import Sampler, greedy_tokens
 from moespec.models import Tokenizer, Transformer
 
 
@@ -97,7 +97,7 @@ class ModelDrafter(Drafter):
         self.next_logits = logits[-1]
         if not evidence or len(feed) < 2:
             return len(feed), 0
-        predicted = logits[:-1].argmax(-1).tolist()
+        predicted = greedy_tokens(logits[:-1])
         return len(feed), sum(p == t for p, t in zip(predicted, feed[1:], strict=True))
 
     def draft_ahead(self) -> float:
@@ -105,7 +105,7 @@ class ModelDrafter(Drafter):
         draft would propose second) and return its seconds: h(1) measured without a draft.
         A later catch-up keeps it if the context continues with that token, else rolls it
         back."""
-        token = int(self.next_logits.argmax())
+        token = greedy_tokens(self.next_logits.reshape(-1))
         start = time.perf_counter()
         logits = self.model(torch.tensor([token]), self.cache, kernel="slot")[0, -1]
         seconds = time.perf_counter() - start
@@ -123,7 +123,7 @@ class ModelDrafter(Drafter):
         tokens, probs = [], []
         for i in range(k):
             if self.sampler.greedy:
-                token = int(logits.argmax())
+                token = greedy_tokens(logits.reshape(-1))
             else:
                 p = self._padded(self.sampler.probabilities(logits))
                 token = self.sampler.draw(p)

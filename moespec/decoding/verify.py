@@ -9,7 +9,7 @@ The emitted tokens are then distributed exactly as the target's own sampling.
 
 import torch
 
-from moespec.decoding.sampling import Sampler
+from moespec.decoding.sampling import Sampler, greedy_tokens
 
 
 def verify(
@@ -31,7 +31,7 @@ def verify(
             f"need k + 1 = {k + 1} rows of target logits, got {target_logits.shape[0]}"
         )
     if sampler.greedy:
-        best = target_logits.argmax(-1).tolist()
+        best = greedy_tokens(target_logits)
         accepted = 0
         while accepted < k and drafts[accepted] == best[accepted]:
             accepted += 1
