@@ -229,6 +229,20 @@ RESULTS = [
         7,
     ),
     Result(
+        "scorecard-olmoe4L-bf16",
+        tuple(
+            f"scorecard/olmoe4L-bf16/{n}"
+            for n in ("plan.json", "bench.jsonl", "evaluation.json", *PLAN_FIGURES)
+        ),
+        (
+            # a reduced sweep (3 prompts x 2 repeats x 64 tokens a cell): the default
+            # 6 x 3 x 256 takes hours on 2 cores at this model's 30-110 ms a pass
+            "python benchmarks/scorecard.py olmoe4L-bf16 --prompts 3 --repeats 2 --tokens 64 "
+            f"--out {RESULTS_DIR}/scorecard/olmoe4L-bf16 --force",
+        ),
+        36,
+    ),
+    Result(
         "plan-olmoe4L-bf16",
         tuple(f"plans/olmoe4L-bf16/{n}" for n in ("plan.json", "bench.jsonl", *PLAN_FIGURES)),
         (

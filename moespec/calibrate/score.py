@@ -17,7 +17,7 @@ What the rules compare with, where the runs were paired (the one-process evaluat
   (kernel, n) once, in a random order, milliseconds apart): tau(n) = median tau(1) x the
   median over rounds of tau_r(n) / tau_r(1), with tau(1) the per-slot one-token pass, and the
   saving's interval from the rounds' own differences slot_r(n) - dedup_r(n). On a shared host
-  the machine moves between phases (the demo's one-token pass took 0.35 or 0.75 ms for
+  the machine moves between phases (the demo's one-token pass took about 0.4 or 0.7 ms for
   minutes at a time): the median of raw samples then lands in one phase or the other as the
   share of samples in each falls, the round's ratio carries the phase in both of its terms.
   Records without rounds are scored by their medians.
