@@ -48,6 +48,7 @@ def main(argv=None) -> int:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--verify-repeats", type=int, default=3)
     parser.add_argument("--sweep-order", choices=("blocks", "cells"), default="blocks")
+    parser.add_argument("--corruption", choices=("runner-up", "uniform"), default="runner-up")
     parser.add_argument("--threads", type=int, help="torch intra-op threads (default: torch's)")
     parser.add_argument("--cache-dir", type=Path, default=Path("benchmarks/checkpoints"))
     parser.add_argument(
@@ -78,6 +79,7 @@ def main(argv=None) -> int:
         verify_repeats=args.verify_repeats,
         max_draft_length=len(plan.verify_time) - 1,
         sweep_order=args.sweep_order,
+        corruption=args.corruption,
     )
     journal = Journal(
         args.out / "evaluation.jsonl", journal_header(plan, settings), restart=args.force

@@ -346,6 +346,44 @@ def test_evaluation_cells_order_runs_whole_cells(plan_dir):
         assert sorted(row[3] for row in block) == [0, 1, 2]
 
 
+def test_stream_versions_on_the_plans_own_routing_reproduce_its_chain(plan_dir):
+    # the fits rebuilt from plan.json, evaluated at the plan's own fit documents' unions, give
+    # the plan's "prediction" exactly; with g(n), the per-slot times are the plan's whole-model
+    # ones, moved to the new anchor (an oracle independent of the fits: measured times)
+    import numpy as np
+
+    from moespec.calibrate.evaluate import stream_versions
+    from moespec.calibrate.plan import routing_trace
+    from moespec.calibrate.predict import anchored_predictions
+    from moespec.progress import Progress
+    from moespec.routing.reuse import split_trace
+
+    plan, model, tokenizer, _ = small_evaluation(plan_dir)
+    trace = routing_trace(model, tokenizer, None, plan_dir[1], Progress(False))
+    fit = split_trace(trace, "fit") if trace.num_documents > 1 else trace
+    plain = 1.5 * plan.measured_verify["slot"][0]  # another run's tau(1)
+    common = dict(bandwidth_error=plan.bandwidth_error, draft_time=np.zeros(4))
+    got = stream_versions(plan, fit, plain, dedup_kernel=plan.kernel.dedup_kernel, **common)
+    chain = anchored_predictions(
+        plan.chain, plain, dedup_kernel=plan.kernel.dedup_kernel, **common
+    )["prediction"]
+    for kernel, tau in chain.verify.items():
+        np.testing.assert_allclose(got["prediction_stream"].verify[kernel], tau, rtol=1e-12)
+    measured = np.asarray(plan.measured_verify["slot"])
+    np.testing.assert_allclose(
+        got["calibrated_stream"].verify["slot"], plain + measured - measured[0], rtol=1e-12
+    )
+    # other routing moves the deduplicating prediction: a window of one repeated token
+    # routes to m experts at every n, the fewest bytes a pass can read
+    repeated = np.repeat(fit.expert_ids[:1], 64, axis=0)
+    one = type(fit)(
+        repeated, [0, 64], ["one"], fit.num_experts, fit.expert_bytes, fit.layer_indices
+    )
+    low = stream_versions(plan, one, plain, dedup_kernel=plan.kernel.dedup_kernel, **common)
+    dedup = plan.kernel.dedup_kernel
+    assert np.all(low["prediction_stream"].verify[dedup][1:] < chain.verify[dedup][1:])
+
+
 def test_interrupted_evaluation_resumes_from_its_journal(plan_dir, tmp_path):
     from moespec.calibrate.evaluate import EvaluationSettings, evaluate, journal_header
     from moespec.errors import SettingError
@@ -394,6 +432,27 @@ def test_evaluation_settings_refuse_an_unknown_sweep_order():
 
     with pytest.raises(ValueError, match="sweep_order 'rows'"):
         EvaluationSettings(sweep_order="rows")
+    with pytest.raises(ValueError, match="corruption 'random'"):
+        EvaluationSettings(corruption="random")
+
+
+@pytest.mark.parametrize("corruption", ["runner-up", "uniform"])
+def test_evaluation_oracle_proposes_its_corruption_for_a_wrong_draft(plan_dir, corruption):
+    from moespec.calibrate.evaluate import Evaluation, evaluation_prompts
+    from moespec.decoding.setup import runner_up_tokens
+
+    _, model, tokenizer, settings = small_evaluation(plan_dir, corruption=corruption)
+    prompts = evaluation_prompts(tokenizer, settings.prompts, settings.prompt_tokens)
+    harness = Evaluation(model, prompts, settings)
+    for index, (prompt, reference) in enumerate(zip(prompts, harness.references, strict=True)):
+        # at acceptance 0 every draft is wrong
+        drafts = harness.drafter(0.0, 0, index).propose(prompt + reference[:1], 4).tokens
+        assert all(d != t for d, t in zip(drafts, reference[1:5], strict=True))
+        runner_ups = runner_up_tokens(model, prompt, reference)[1:5]
+        if corruption == "runner-up":
+            assert drafts == runner_ups
+        else:  # a shifted token, drawn from the whole vocabulary
+            assert drafts != runner_ups
 
 
 def test_evaluate_command_refuses_to_overwrite(plan_dir, tmp_path, capsys):

@@ -17,7 +17,7 @@ from moespec.decoding import (
     summarize,
     verify,
 )
-from moespec.decoding.setup import build_drafter, greedy_reference
+from moespec.decoding.setup import build_drafter, greedy_reference, runner_up_tokens
 from moespec.models import load_model
 
 PROMPT = [5, 17, 33, 2, 5, 17, 40, 41]
@@ -290,16 +290,20 @@ def test_summary_counts_drafts(pair):
     assert summary["generated_tokens"] == 16
 
 
+def off_the_path(target, tokens=30, at=3):
+    """The target's greedy continuation of PROMPT, and a reference that leaves it at `at`:
+    the greedy path had that position gone the other way, and from there on is another text."""
+    reference = greedy_reference(target, PROMPT, tokens)
+    other = (reference[at] + 1) % target.config.vocab_size
+    context = PROMPT + reference[:at] + [other]
+    return reference, reference[:at] + [other] + greedy_reference(target, context, tokens - at - 1)
+
+
 def test_oracle_follows_the_target_after_a_batch_rounding_divergence(pair):
     # A reference that leaves the target's greedy path (as a bf16 near-tie can) at position
     # 3: with resync the oracle takes up the target's path again; without, it stays lost.
     target, _ = pair
-    reference = greedy_reference(target, PROMPT, 30)
-    other = (reference[3] + 1) % target.config.vocab_size
-    # The greedy path had position 3 gone the other way: from there on it is another text.
-    broken = (
-        reference[:3] + [other] + greedy_reference(target, PROMPT + reference[:3] + [other], 26)
-    )
+    reference, broken = off_the_path(target)
 
     def rejections(resync):
         drafter = OracleDrafter(broken, len(PROMPT), 1.0, target.config.vocab_size, resync=resync)
@@ -361,3 +365,70 @@ def test_positional_oracle_flags_are_shared_by_every_draft_length_and_acceptance
     wrong_lower = {i for i, t in enumerate(drafts(0.3, 8)) if t != reference[7 + i]}
     assert wrong <= wrong_lower  # u_p >= a: a lower acceptance flags a superset
     assert drafts(1.0, 8) == reference[7:15]
+
+
+def test_oracle_alternatives_replace_exactly_the_flagged_drafts():
+    reference = list(range(10, 60))
+    alternatives = [t + 100 for t in reference]
+    context = [0, 1, 2] + reference[:7]
+
+    def oracle(**kw):
+        return OracleDrafter(reference, 3, 0.6, 200, seed=5, positional=True, **kw)
+
+    uniform = oracle().propose(context, 8).tokens
+    runner_up = oracle(alternatives=alternatives).propose(context, 8).tokens
+    truth = reference[7:15]
+    wrong = [i for i in range(8) if uniform[i] != truth[i]]
+    assert wrong  # the seed flags some of the 8 at a = 0.6
+    # the same positions are wrong, each proposing its alternative instead of a shifted token
+    assert [i for i in range(8) if runner_up[i] != truth[i]] == wrong
+    assert all(runner_up[i] == alternatives[7 + i] for i in wrong)
+    with pytest.raises(ValueError, match="2 for a reference of 50"):
+        oracle(alternatives=[1, 2])
+    with pytest.raises(ValueError, match="position 4 is the reference token"):
+        oracle(alternatives=alternatives[:4] + [reference[4]] + alternatives[5:])
+
+
+def test_runner_up_tokens_are_the_best_other_token_of_one_token_steps(bf16_pair):
+    # independent of the teacher-forced chunks: decode token by token and rank each step's
+    # logits in full (stable sort, the first index among equals, as topk's ties)
+    target, _ = bf16_pair
+    continuation = greedy_reference(target, PROMPT, 20)
+    continuation[5] = (continuation[5] + 7) % target.config.vocab_size  # one off the greedy path
+    got = runner_up_tokens(target, PROMPT, continuation, chunk=7)
+    cache = target.new_cache(capacity=64)
+    logits = target(torch.tensor(PROMPT), cache, kernel="dedup")
+    expected = []
+    for token in continuation:
+        ranked = torch.sort(logits[0, -1].float(), descending=True, stable=True).indices.tolist()
+        expected.append(next(t for t in ranked if t != token))
+        logits = target(torch.tensor([token]), cache, kernel="dedup")
+    assert got == expected
+    assert all(a != t for a, t in zip(got, continuation, strict=True))
+    # off the greedy path, the best other token is the greedy one
+    assert got[5] == greedy_reference(target, PROMPT + continuation[:5], 1)[0]
+
+
+def test_oracle_alternatives_follow_a_resync(bf16_pair):
+    # a reference off the greedy path at position 3: after the resync, the re-derived tail
+    # gets its own runner-ups (batch-invariant bf16: the same bits however the pass is cut)
+    target, _ = bf16_pair
+    reference, broken = off_the_path(target)
+    drafter = OracleDrafter(
+        broken,
+        len(PROMPT),
+        0.5,
+        target.config.vocab_size,
+        seed=3,
+        resync=lambda context, n: greedy_reference(target, context, n),
+        alternatives=runner_up_tokens(target, PROMPT, broken),
+        alternatives_for=lambda context, tail: runner_up_tokens(target, context, tail),
+    )
+    records = generate(
+        target, PROMPT, max_tokens=30, drafter=drafter, draft_policy=DraftLengthPolicy(4)
+    )
+    assert tokens_of(records) == reference and drafter.resyncs == 1
+    assert drafter.reference == reference
+    # the resync came at most one step (5 tokens) past position 3: from 8 on, all re-derived
+    expected = runner_up_tokens(target, PROMPT + reference[:8], reference[8:])
+    assert drafter.alternatives[8:] == expected

@@ -226,7 +226,26 @@ RESULTS = [
             "python benchmarks/scorecard.py demo-bf16 "
             f"--out {RESULTS_DIR}/scorecard/demo-bf16 --force",
         ),
-        7,
+        9,
+    ),
+    Result(
+        "corruption-cost-demo",
+        ("corruption_cost_demo.json",),
+        (
+            "python benchmarks/corruption_cost.py --rounds 100 "
+            f"--out {RESULTS_DIR}/corruption_cost_demo.json --force",
+        ),
+        2,
+    ),
+    Result(
+        "corruption-cost-olmoe4L",
+        ("corruption_cost_olmoe4L.json",),
+        (
+            MAKE_OLMOE_4L,
+            f"python benchmarks/corruption_cost.py --model {OLMOE_4L} --rounds 20 --warmup 2 "
+            f"--out {RESULTS_DIR}/corruption_cost_olmoe4L.json --force",
+        ),
+        2,
     ),
     Result(
         "scorecard-olmoe4L-bf16",

@@ -23,6 +23,15 @@ order, a row's cells then lie up to a whole phase apart (the order of the earlie
 on the demo the machine's read bandwidth moved between 52 and 34 GB/s within one phase, and
 that drift landed in the row's comparisons).
 
+A wrong draft (`corruption`): "runner-up" (the default) proposes the target's best token
+other than the greedy one at that position (`decoding.setup.runner_up_tokens`), the mistake a
+draft model makes; "uniform" a token drawn from the whole vocabulary (the scorecards before
+this reading). The choice moves the deduplicating pass, which pays for the experts its tokens
+route to: uniform tokens route unlike text, so the sweep's passes cost more than the verify
+phases' passes of greedy tokens and than the U(n) of text the prediction assumes
+(`benchmarks/corruption_cost.py`: on OLMoE shapes a 9-token pass at a = 0.5 took 1.067x the
+greedy tokens' pass with uniform wrong drafts, 1.035x with runner-up ones).
+
 The sweep runs with deduplication on (the per-slot kernel at n = 1, where both read the same
 experts) and the prediction scores V_hat(k) = tau_hat_dedup(k + 1) + h(k), as the
 paper does; the oracle costs nothing (h = 0).
@@ -36,7 +45,16 @@ from dataclasses import asdict, dataclass
 import numpy as np
 import torch
 
-from moespec.calibrate.predict import ACCEPTANCES, anchored_predictions, ratio_anchored
+from moespec.calibrate.fits import LayerFits
+from moespec.calibrate.predict import (
+    ACCEPTANCES,
+    Prediction,
+    anchored_predictions,
+    outside_growth,
+    ratio_anchored,
+    times_from_layer_fits,
+    verify_times,
+)
 from moespec.calibrate.score import (
     measured_best,
     measured_verify_times,
@@ -48,11 +66,13 @@ from moespec.calibrate.score import (
 from moespec.calibrate.timing import median_iqr, read_bandwidth
 from moespec.calibrate.verify import round_order
 from moespec.decoding import DraftLengthPolicy, KernelPolicy, OracleDrafter, generate
-from moespec.decoding.setup import greedy_reference
+from moespec.decoding.setup import greedy_reference, runner_up_tokens
 from moespec.plan import Plan
 from moespec.progress import Progress
+from moespec.routing.reuse import document_statistics, estimate
 
 SWEEP_ORDERS = ("blocks", "cells")
+CORRUPTIONS = ("runner-up", "uniform")
 
 
 @dataclass
@@ -70,8 +90,14 @@ class EvaluationSettings:
     seed: int = 0
     bandwidth_bytes: int = 1 << 30  # the buffer each read-bandwidth reading sums
     sweep_order: str = "blocks"  # or "cells" (see the module's docstring)
+    corruption: str = "runner-up"  # what a wrong draft proposes, or "uniform" (module docstring)
 
     def __post_init__(self):
+        if self.corruption not in CORRUPTIONS:
+            raise ValueError(
+                f"evaluation corruption {self.corruption!r}: expected one of "
+                + ", ".join(CORRUPTIONS)
+            )
         if self.sweep_order not in SWEEP_ORDERS:
             raise ValueError(
                 f"evaluation sweep_order {self.sweep_order!r}: expected one of "
@@ -108,17 +134,61 @@ def evaluation_prompts(tokenizer, count: int, prompt_tokens: int) -> list[list[i
     return prompts[:count]
 
 
-def stream_reuse(model, streams: list[list[int]], start: int) -> float:
-    """rho_hat(2) of the decoded spans (tokens from `start` on): the share of a token's experts
-    that the previous token also routed to, layer mean; the plan's trace is judged by it."""
-    from moespec.routing.record import record_routing
+def stream_trace(model, streams: list[list[int]], start: int):
+    """The routing of the decoded spans (each stream's tokens from `start` on, routed in
+    their context), one document per stream: the text the runs verified."""
+    from moespec.routing.record import model_header, record_routing
+    from moespec.routing.trace import RoutingTrace
 
+    header = model_header(model)
+    spans = [
+        doc.expert_ids[start:]
+        for doc in record_routing(model, [(str(i), s) for i, s in enumerate(streams)])
+    ]
+    return RoutingTrace(
+        expert_ids=np.concatenate(spans),
+        doc_starts=np.concatenate([[0], np.cumsum([len(x) for x in spans])]),
+        doc_names=[str(i) for i in range(len(spans))],
+        num_experts=header["num_experts"],
+        expert_bytes=header["expert_bytes"],
+        layer_indices=header["layer_indices"],
+    )
+
+
+def stream_reuse(trace) -> float:
+    """rho_hat(2) of the decoded spans (`stream_trace`): the share of a token's experts that
+    the previous token also routed to, layer mean; the plan's trace is judged by it."""
     shares = []
-    for doc in record_routing(model, [(str(i), s) for i, s in enumerate(streams)]):
-        ids = np.sort(doc.expert_ids[start:], axis=-1)  # [T, L, m]
+    for d in range(len(trace.doc_names)):
+        span = trace.expert_ids[trace.doc_starts[d] : trace.doc_starts[d + 1]]
+        ids = np.sort(span, axis=-1)  # [T, L, m]
         shared = (ids[:-1, :, :, None] == ids[1:, :, None, :]).any(-1).sum(-1)
         shares.append(shared.mean() / ids.shape[-1])
     return float(np.mean(shares))
+
+
+def stream_versions(plan: Plan, trace, plain: float, **prediction) -> dict:
+    """Seed 000 Table 3's other prediction: the plan's fits at the union U_l(n) of the text
+    the runs verified (`trace`, every window of n tokens of the decoded spans) instead of the
+    plan's fit documents, anchored on this run's tau(1): "prediction_stream", and with the
+    plan's growth outside the expert operation, g(n) = the plan's whole-model per-slot tau(n)
+    less the fits' expert time at the plan's unions: "calibrated_stream". Where the decoded
+    text reuses experts unlike the fit documents (a random-weight model's greedy continuation
+    repeats itself), these separate the fits' error from the workload's."""
+    max_n = len(plan.measured_verify["slot"])
+    union = estimate(document_statistics(trace, max_n), bootstrap=0).union
+    fits = LayerFits.from_plan(plan)
+    times = times_from_layer_fits(fits, trace.layer_indices, union, trace.expert_bytes)
+    at_plan = {k: np.asarray(v) for k, v in plan.chain.layer_times["prediction"].items()}
+    growth = outside_growth(np.asarray(plan.measured_verify["slot"]), at_plan)
+    return {
+        name: Prediction(
+            verify=verify_times(plain, times, g),
+            expert_time={k: v.sum(axis=0) for k, v in times.items()},
+            **prediction,
+        )
+        for name, g in (("prediction_stream", None), ("calibrated_stream", growth))
+    }
 
 
 class Evaluation:
@@ -142,6 +212,12 @@ class Evaluation:
         self.references = [
             greedy_reference(model, p, settings.tokens, self.sweep_kernels) for p in prompts
         ]
+        self.alternatives = [None] * len(prompts)  # uniform corruption
+        if settings.corruption == "runner-up":
+            self.alternatives = [
+                runner_up_tokens(model, p, r, dedup_kernel)
+                for p, r in zip(prompts, self.references, strict=True)
+            ]
         self.depth_offset = settings.tokens // 2
         self.verify_samples: dict[tuple[str, int], list[float]] = {}
         # each sample's round ("phase/index in the phase"): a round times each (kernel, n) once,
@@ -189,20 +265,27 @@ class Evaluation:
                 self.verify_rounds.setdefault((kernel, n), []).append(round_id[0])
 
     # -- the sweep ----------------------------------------------------------------------
-    def run_one(self, acceptance: float, k: int, repeat: int, index: int):
-        """One run of `tokens` tokens on prompt `index`: (decode tokens, decode seconds without
-        the oracle's, and (step seconds without the oracle's, verify seconds) of each of its
-        steps that drafted k tokens."""
-        prompt, reference = self.prompts[index], self.references[index]
-        drafter = OracleDrafter(
-            reference,
-            len(prompt),
+    def drafter(self, acceptance: float, repeat: int, index: int) -> OracleDrafter:
+        """The oracle of one run: its flags drawn from (seed, repeat, prompt), so every (a, k)
+        cell of a repeat sees the same; a wrong draft as `settings.corruption` says."""
+        return OracleDrafter(
+            self.references[index],
+            len(self.prompts[index]),
             acceptance,
             self.model.config.vocab_size,
             seed=self.settings.seed * 100_003 + repeat * 1_009 + index,
             resync=lambda c, n: greedy_reference(self.model, c, n, self.sweep_kernels),
             positional=True,
+            alternatives=self.alternatives[index],
+            alternatives_for=lambda c, tail: runner_up_tokens(self.model, c, tail, self.kernels[1]),
         )
+
+    def run_one(self, acceptance: float, k: int, repeat: int, index: int):
+        """One run of `tokens` tokens on prompt `index`: (decode tokens, decode seconds without
+        the oracle's, and (step seconds without the oracle's, verify seconds) of each of its
+        steps that drafted k tokens."""
+        prompt, reference = self.prompts[index], self.references[index]
+        drafter = self.drafter(acceptance, repeat, index)
         records = list(
             generate(
                 self.model,
@@ -390,7 +473,9 @@ def evaluate(
     run's tau_meas(1) and score it; the noise floor (k* from the sweep's own V(k)) beside.
     The calibrated version is scored a second time re-anchored by the ratio of the one-token
     times (`predict.ratio_anchored`, "calibrated_by_ratio"), the reading for drift between
-    the plan's run and this one that scales every pass alike.
+    the plan's run and this one that scales every pass alike. And the plan's fits at the
+    routing of the text the runs verified (`stream_versions`: "prediction_stream",
+    "calibrated_stream"), seed 000 Table 3's other prediction.
 
     journal: a `moespec.files.Journal` (header `journal_header`) that every finished run and
     phase is appended to, and that an interrupted evaluation's finished work is taken from
@@ -419,6 +504,17 @@ def evaluate(
     # the calibrated version's inputs are all whole-model times of the plan's run: scored
     # also re-anchored by the ratio of the one-token times (drift that scales every pass)
     versions["calibrated_by_ratio"] = ratio_anchored(versions["calibrated"], plain, plan_plain)
+    streams = [p + r for p, r in zip(prompts, harness.references, strict=True)]
+    trace = stream_trace(model, streams, settings.prompt_tokens)
+    versions |= stream_versions(
+        plan,
+        trace,
+        plain,
+        bandwidth_error=plan.bandwidth_error,
+        draft_time=draft_time,
+        dedup_kernel=dedup,
+        step_kernel=dedup,
+    )
     scored = {}
     unpaired = [{k: v for k, v in r.items() if k != "rounds"} for r in results["verify_records"]]
     raw = measured_verify_times(unpaired, dedup, settings.max_draft_length + 1)
@@ -434,7 +530,6 @@ def evaluate(
             "verify_error_against_medians": rule_verify_time(predicted, raw)[1],
         }
     floor = noise_floor(results["sweep"])
-    streams = [p + r for p, r in zip(prompts, harness.references, strict=True)]
     plan_reuse = plan.routing.reuse_mean
     from moespec.provenance import provenance
 
@@ -444,7 +539,7 @@ def evaluate(
         "stream": {
             "prompts": len(prompts),
             "depth": [len(p) + harness.depth_offset for p in prompts],
-            "decoded_reuse2": stream_reuse(model, streams, settings.prompt_tokens),
+            "decoded_reuse2": stream_reuse(trace),
             "plan_reuse2": plan_reuse[1] if plan_reuse and len(plan_reuse) > 1 else None,
         },
         **results,

@@ -179,6 +179,24 @@ class LayerFits:
                     continue
         return cls(by_layer, pooled)
 
+    @classmethod
+    def from_plan(cls, plan) -> "LayerFits":
+        """The fits a plan keeps (`Plan.fits`, pooled, and `Plan.layer_fits`), to evaluate at
+        other unions than the plan's trace gave (`evaluate`: the verified text's routing)."""
+        top_k = plan.model.top_k
+
+        def fits(summaries) -> dict[str, _TimeFit]:
+            out = {}
+            for kernel, summary in summaries.items():
+                fit = new_fit(kernel, top_k)
+                fit.coefficients_ = np.asarray(summary.coefficients, dtype=float)
+                fit.n_passes_ = summary.passes
+                out[kernel] = fit
+            return out
+
+        by_layer = {int(layer): fits(s) for layer, s in plan.layer_fits.items()}
+        return cls(by_layer, fits(plan.fits))
+
     @property
     def per_layer(self) -> bool:
         return bool(self.by_layer)

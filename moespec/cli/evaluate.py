@@ -34,6 +34,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="blocks: each (acceptance, prompt)'s draft lengths back to back (default); "
         "cells: whole (acceptance, k) cells in a random order",
     )
+    parser.add_argument(
+        "--corruption",
+        choices=("runner-up", "uniform"),
+        default="runner-up",
+        help="what a wrong draft proposes: the target's best token other than the greedy one "
+        "(default), or a token drawn from the whole vocabulary",
+    )
     parser.add_argument("--out", metavar="FILE.json", required=True)
     parser.add_argument("--force", action="store_true", help="overwrite an existing --out")
     parser.add_argument("--json", action="store_true", help="print the evaluation as JSON")
@@ -76,6 +83,7 @@ def run(args: argparse.Namespace) -> int:
         max_draft_length=len(plan.verify_time) - 1,
         seed=args.seed,
         sweep_order=args.sweep_order,
+        corruption=args.corruption,
     )
     model_dir = Path(args.model) if args.model else plan_model_dir(plan, path)
     model, tokenizer = load_model(model_dir, dtype=plan.dtype)

@@ -4,6 +4,8 @@ directory, "oracle:A" or "lookup"; the draft-length policy from a plan or measur
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
+import torch
+
 from moespec.decoding.draft_policy import DraftLengthPolicy, RunningMedians
 from moespec.decoding.drafters import (
     Drafter,
@@ -36,6 +38,34 @@ def greedy_reference(
         model, prompt, max_tokens=max_tokens, kernels=kernels, stop_tokens=stop_tokens
     )
     return [t for r in records for t in r.tokens]
+
+
+def runner_up_tokens(
+    model: Transformer,
+    context: Sequence[int],
+    continuation: Sequence[int],
+    kernel: str = "dedup",
+    chunk: int = 128,
+) -> list[int]:
+    """For each token of `continuation` after `context`, the target's best next token other
+    than it: the arg max of the logits at the position before, or the second-ranked token
+    where the arg max is the continuation's own. One teacher-forced pass over both, in
+    chunks of `chunk` tokens. What `OracleDrafter(alternatives=...)` proposes for a wrong draft,
+    a mistake that routes like text."""
+    if not context:
+        raise ValueError("runner_up_tokens needs a context of at least one token")
+    tokens = list(context) + list(continuation)
+    cache = model.new_cache(capacity=len(tokens) + 1)
+    picks = []  # top two of the logits predicting tokens[len(context)], ...
+    start = 0
+    while start < len(tokens) - 1:
+        end = min(start + chunk, len(tokens) - 1)
+        logits = model(torch.tensor(tokens[start:end]), cache, kernel=kernel, all_logits=True)
+        first = max(start, len(context) - 1) - start
+        if first < end - start:
+            picks += logits[0, first:].float().topk(2, dim=-1).indices.tolist()
+        start = end
+    return [a if a != token else b for (a, b), token in zip(picks, continuation, strict=True)]
 
 
 def parse_oracle(spec: str) -> float:
