@@ -373,15 +373,25 @@ def test_stream_versions_on_the_plans_own_routing_reproduce_its_chain(plan_dir):
     np.testing.assert_allclose(
         got["calibrated_stream"].verify["slot"], plain + measured - measured[0], rtol=1e-12
     )
-    # other routing moves the deduplicating prediction: a window of one repeated token
-    # routes to m experts at every n, the fewest bytes a pass can read
+    # other routing: one token repeated routes to the same m experts at every n (U = m);
+    # the times by hand from plan.json's coefficients, eq. (4) and (E.1)
     repeated = np.repeat(fit.expert_ids[:1], 64, axis=0)
     one = type(fit)(
         repeated, [0, 64], ["one"], fit.num_experts, fit.expert_bytes, fit.layer_indices
     )
     low = stream_versions(plan, one, plain, dedup_kernel=plan.kernel.dedup_kernel, **common)
-    dedup = plan.kernel.dedup_kernel
-    assert np.all(low["prediction_stream"].verify[dedup][1:] < chain.verify[dedup][1:])
+    m = plan.model.top_k
+    for kernel in plan.fits:
+        total = np.zeros(4)
+        for layer, b in zip(one.layer_indices, one.expert_bytes, strict=True):
+            fits = plan.layer_fits.get(layer, plan.fits)
+            c, s1 = fits[kernel].coefficients, fits["slot"].coefficients
+            for n in range(1, 5):
+                last = (n * m - m) * b if kernel == "slot" else n
+                total[n - 1] += c[0] + c[1] * m * b + c[2] * last - (s1[0] + s1[1] * m * b)
+        expected = plain + total
+        expected[0] = plain
+        np.testing.assert_allclose(low["prediction_stream"].verify[kernel], expected, rtol=1e-9)
 
 
 def test_interrupted_evaluation_resumes_from_its_journal(plan_dir, tmp_path):
