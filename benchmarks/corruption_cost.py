@@ -26,6 +26,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from moespec.bench.stats import ratio_range  # noqa: E402
 from moespec.calibrate.evaluate import evaluation_prompts  # noqa: E402
+from moespec.cli.options import checkpoint_dir, number_in, positive_int  # noqa: E402
 from moespec.decoding import KernelPolicy, OracleDrafter  # noqa: E402
 from moespec.decoding.setup import greedy_reference, runner_up_tokens  # noqa: E402
 from moespec.demo import demo_paths, describe  # noqa: E402
@@ -33,36 +34,29 @@ from moespec.files import check_writable, write_json  # noqa: E402
 from moespec.models import load_model  # noqa: E402
 from moespec.provenance import provenance  # noqa: E402
 
+ACCEPTANCE = number_in(0, 1, high_open=True)
+
 
 def acceptances(text: str) -> list[float]:
-    try:
-        values = [float(x) for x in text.split(",")]
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r}: write acceptances as 0.5,0.8") from None
-    if not values or not all(0 <= a < 1 for a in values):
-        raise argparse.ArgumentTypeError(f"{text!r}: each acceptance must be in [0, 1)")
-    return values
-
-
-def positive(text: str) -> int:
-    if not text.isdigit() or int(text) < 1:
-        raise argparse.ArgumentTypeError(f"{text!r}: expected a positive integer")
-    return int(text)
+    """--acceptances: comma-separated values in [0, 1)."""
+    return [ACCEPTANCE(x) for x in text.split(",")]
 
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--model", type=Path, help="checkpoint (default: the demo target)")
+    parser.add_argument(
+        "--model", type=checkpoint_dir, help="checkpoint (default: the demo target)"
+    )
     parser.add_argument("--dtype", default="bf16", choices=("bf16", "fp32"))
     parser.add_argument("--kernel", default="dedup")
-    parser.add_argument("--n", type=positive, default=9, help="tokens per pass")
+    parser.add_argument("--n", type=positive_int, default=9, help="tokens per pass")
     parser.add_argument("--acceptances", type=acceptances, default=[0.5, 0.8])
-    parser.add_argument("--prompts", type=positive, default=3)
-    parser.add_argument("--prompt-tokens", type=positive, default=64)
-    parser.add_argument("--tokens", type=positive, default=256, help="continuation length")
-    parser.add_argument("--rounds", type=positive, default=60)
+    parser.add_argument("--prompts", type=positive_int, default=3)
+    parser.add_argument("--prompt-tokens", type=positive_int, default=64)
+    parser.add_argument("--tokens", type=positive_int, default=256, help="continuation length")
+    parser.add_argument("--rounds", type=positive_int, default=60)
     parser.add_argument("--warmup", type=int, default=5, help="rounds run and not kept")
-    parser.add_argument("--threads", type=positive)
+    parser.add_argument("--threads", type=positive_int)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", required=True)
     parser.add_argument("--force", action="store_true")
@@ -77,14 +71,18 @@ def main(argv=None) -> int:
         ) from None
     if args.threads:
         torch.set_num_threads(args.threads)
-    model_dir = args.model or demo_paths()[0]
+    model_dir = Path(args.model) if args.model else demo_paths()[0]
     model, tokenizer = load_model(model_dir, dtype=args.dtype)
     model.batch_invariant = True  # as `moespec evaluate` runs it
     kernels = KernelPolicy("auto", crossover=2)
     vocab = model.config.vocab_size
 
     cases = []  # per prompt: (cache, depth, {arm: pass tokens})
-    for index, prompt in enumerate(evaluation_prompts(tokenizer, args.prompts, args.prompt_tokens)):
+    try:
+        prompts = evaluation_prompts(tokenizer, args.prompts, args.prompt_tokens)
+    except ValueError as e:
+        parser.error(f"--prompts {args.prompts}, --prompt-tokens {args.prompt_tokens}: {e}")
+    for index, prompt in enumerate(prompts):
         reference = greedy_reference(model, prompt, args.tokens, kernels)
         alternatives = runner_up_tokens(model, prompt, reference, args.kernel)
         depth = len(prompt) + args.tokens // 2

@@ -18,7 +18,13 @@ import sys
 from pathlib import Path
 
 from moespec.bench.checkpoints import random_checkpoint
-from moespec.calibrate.evaluate import EvaluationSettings, evaluate, journal_header, scorecard
+from moespec.calibrate.evaluate import (
+    CORRUPTIONS,
+    EvaluationSettings,
+    evaluate,
+    journal_header,
+    scorecard,
+)
 from moespec.calibrate.plan import load_plan, make_plan
 from moespec.demo import demo_paths
 from moespec.files import Journal, check_writable, write_json
@@ -48,7 +54,7 @@ def main(argv=None) -> int:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--verify-repeats", type=int, default=3)
     parser.add_argument("--sweep-order", choices=("blocks", "cells"), default="blocks")
-    parser.add_argument("--corruption", choices=("runner-up", "uniform"), default="runner-up")
+    parser.add_argument("--corruption", choices=CORRUPTIONS, default="runner-up")
     parser.add_argument("--threads", type=int, help="torch intra-op threads (default: torch's)")
     parser.add_argument("--cache-dir", type=Path, default=Path("benchmarks/checkpoints"))
     parser.add_argument(

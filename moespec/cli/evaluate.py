@@ -36,7 +36,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--corruption",
-        choices=("runner-up", "uniform"),
+        choices=("runner-up", "uniform"),  # calibrate.evaluate.CORRUPTIONS (imported lazily)
         default="runner-up",
         help="what a wrong draft proposes: the target's best token other than the greedy one "
         "(default), or a token drawn from the whole vocabulary",
