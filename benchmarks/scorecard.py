@@ -26,6 +26,7 @@ from moespec.calibrate.evaluate import (
     scorecard,
 )
 from moespec.calibrate.plan import load_plan, make_plan
+from moespec.calibrate.verify import STREAM_PASSES, VERIFY_MODES
 from moespec.demo import demo_paths
 from moespec.files import Journal, check_writable, write_json
 from moespec.models import load_model
@@ -55,6 +56,8 @@ def main(argv=None) -> int:
     parser.add_argument("--verify-repeats", type=int, default=3)
     parser.add_argument("--sweep-order", choices=("blocks", "cells"), default="blocks")
     parser.add_argument("--corruption", choices=CORRUPTIONS, default="runner-up")
+    parser.add_argument("--verify-mode", choices=VERIFY_MODES, default="stream")
+    parser.add_argument("--stream-passes", type=int, default=STREAM_PASSES)
     parser.add_argument("--threads", type=int, help="torch intra-op threads (default: torch's)")
     parser.add_argument("--cache-dir", type=Path, default=Path("benchmarks/checkpoints"))
     parser.add_argument(
@@ -86,6 +89,8 @@ def main(argv=None) -> int:
         max_draft_length=len(plan.verify_time) - 1,
         sweep_order=args.sweep_order,
         corruption=args.corruption,
+        verify_mode=args.verify_mode,
+        stream_passes=args.stream_passes,
     )
     journal = Journal(
         args.out / "evaluation.jsonl", journal_header(plan, settings), restart=args.force

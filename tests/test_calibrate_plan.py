@@ -246,7 +246,8 @@ def test_force_restarts_the_benchmark_instead_of_resuming_it(text_checkpoint, tm
 
 def small_evaluation(plan_dir, **changes):
     """The plan, its fp32 model and tokenizer, and evaluation settings small enough for a test
-    (2 prompts x 2 repeats of 8 tokens, k = 0..3, two acceptances; `changes` override)."""
+    (2 prompts x 2 repeats of 8 tokens, k = 0..3, two acceptances, verify passes timed in runs
+    of two: one untimed, one timed; `changes` override)."""
     from moespec.calibrate.evaluate import EvaluationSettings
     from moespec.models import load_model
 
@@ -262,6 +263,7 @@ def small_evaluation(plan_dir, **changes):
         max_draft_length=3,
         acceptances=(0.3, 0.9),
         bandwidth_bytes=1 << 20,
+        stream_passes=1,
     )
     return plan, model, tokenizer, EvaluationSettings(**{**settings, **changes})
 
@@ -444,6 +446,27 @@ def test_evaluation_settings_refuse_an_unknown_sweep_order():
         EvaluationSettings(sweep_order="rows")
     with pytest.raises(ValueError, match="corruption 'random'"):
         EvaluationSettings(corruption="random")
+    with pytest.raises(ValueError, match="verify_mode 'alone'"):
+        EvaluationSettings(verify_mode="alone")
+
+
+def test_evaluate_command_offers_the_librarys_choices():
+    """The command line lists its choices without importing the library: they must stay the
+    library's (a mode added there is offered here, the default is the same)."""
+    import argparse
+
+    from moespec.calibrate.evaluate import CORRUPTIONS, EvaluationSettings
+    from moespec.calibrate.verify import STREAM_PASSES, VERIFY_MODES
+    from moespec.cli.evaluate import add_arguments
+
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    actions = {a.dest: a for a in parser._actions}
+    assert tuple(actions["verify_mode"].choices) == VERIFY_MODES
+    assert tuple(actions["corruption"].choices) == CORRUPTIONS
+    defaults = EvaluationSettings()
+    assert actions["verify_mode"].default == defaults.verify_mode == VERIFY_MODES[0]
+    assert actions["stream_passes"].default == defaults.stream_passes == STREAM_PASSES
 
 
 @pytest.mark.parametrize("corruption", ["runner-up", "uniform"])
@@ -479,7 +502,11 @@ def test_evaluate_command_writes_the_scorecard_and_drops_its_journal(plan_dir, t
     out, directory = plan_dir
     target = tmp_path / "evaluation.json"
     options = ["--prompts", "1", "--prompt-tokens", "8", "--tokens", "8", "--repeats", "1"]
-    code = main(["evaluate", str(out), "--model", str(directory), "--out", str(target), *options])
+    command = ["evaluate", str(out), "--model", str(directory), "--out", str(target), *options]
+    # a stream measurement of 4-token passes in runs of 7 spans 28 tokens: more than the 16 here
+    assert main(command) == 2
+    assert "--tokens or lower --stream-passes" in capsys.readouterr().err
+    code = main([*command, "--stream-passes", "1"])
     assert code == 0
     assert "noise floor" in capsys.readouterr().out
     result = json.loads(target.read_text())

@@ -126,10 +126,17 @@ def test_measure_verify_refuses_a_depth_beyond_the_context(capsys, short_context
     text.write_text(words(40))
     code, _, err = run_cli(
         capsys, "measure-verify", "--model", short_context, "--text", text, "--depth", 12,
-        "--max-n", 9,
+        "--max-n", 9, "--verify-mode", "isolated",
     )  # fmt: skip
     assert code == 2 and err.count("\n") == 1
     assert "a pass after 12 tokens has 21 tokens" in err and "lower --depth" in err
+    # in runs of consecutive passes (the default) the 9-token measurement ends 32 tokens on
+    code, _, err = run_cli(
+        capsys, "measure-verify", "--model", short_context, "--text", text, "--depth", 12,
+        "--max-n", 9,
+    )  # fmt: skip
+    assert code == 2 and err.count("\n") == 1
+    assert "a pass after 12 tokens has 44 tokens" in err
 
 
 def test_routing_recorder_refuses_an_overlong_document(short_context):

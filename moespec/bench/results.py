@@ -238,6 +238,22 @@ RESULTS = [
         2,
     ),
     Result(
+        "verify-modes-demo",
+        ("verify_modes_demo.json",),
+        (f"python benchmarks/verify_modes.py --out {RESULTS_DIR}/verify_modes_demo.json --force",),
+        1,
+    ),
+    Result(
+        "verify-modes-olmoe4L",
+        ("verify_modes_olmoe4L.json",),
+        (
+            MAKE_OLMOE_4L,
+            f"python benchmarks/verify_modes.py --model {OLMOE_4L} --prompts 1 --window 36 "
+            f"--rounds 5 --warmup 1 --out {RESULTS_DIR}/verify_modes_olmoe4L.json --force",
+        ),
+        6,
+    ),
+    Result(
         "corruption-cost-olmoe4L",
         ("corruption_cost_olmoe4L.json",),
         (

@@ -64,9 +64,10 @@ from moespec.calibrate.score import (
     score_prediction,
 )
 from moespec.calibrate.timing import median_iqr, read_bandwidth
-from moespec.calibrate.verify import round_order
+from moespec.calibrate.verify import STREAM_PASSES, VERIFY_MODES, pass_span, round_order, time_pass
 from moespec.decoding import DraftLengthPolicy, KernelPolicy, OracleDrafter, generate
 from moespec.decoding.setup import greedy_reference, runner_up_tokens
+from moespec.errors import SettingError, setting
 from moespec.plan import Plan
 from moespec.progress import Progress
 from moespec.routing.reuse import document_statistics, estimate
@@ -91,6 +92,8 @@ class EvaluationSettings:
     bandwidth_bytes: int = 1 << 30  # the buffer each read-bandwidth reading sums
     sweep_order: str = "blocks"  # or "cells" (see the module's docstring)
     corruption: str = "runner-up"  # what a wrong draft proposes, or "uniform" (module docstring)
+    verify_mode: str = "stream"  # how a verify pass is timed, or "isolated" (calibrate.verify)
+    stream_passes: int = STREAM_PASSES  # timed passes of one "stream" value
 
     def __post_init__(self):
         if self.corruption not in CORRUPTIONS:
@@ -103,13 +106,30 @@ class EvaluationSettings:
                 f"evaluation sweep_order {self.sweep_order!r}: expected one of "
                 + ", ".join(SWEEP_ORDERS)
             )
-        for name in ("prompts", "prompt_tokens", "tokens", "repeats", "verify_repeats"):
+        if self.verify_mode not in VERIFY_MODES:
+            raise ValueError(
+                f"evaluation verify_mode {self.verify_mode!r}: expected one of "
+                + ", ".join(VERIFY_MODES)
+            )
+        names = ("prompts", "prompt_tokens", "tokens", "repeats", "verify_repeats", "stream_passes")
+        for name in names:
             if getattr(self, name) < 1:
                 raise ValueError(f"evaluation setting {name} must be >= 1")
         if self.tokens < 2 * (self.max_draft_length + 1):
             raise ValueError(
                 f"evaluation tokens ({self.tokens}) must be at least twice the largest pass "
                 f"({self.max_draft_length + 1})"
+            )
+        # the verify passes run around the middle of the decoded span (prompt + tokens // 2)
+        depth = self.prompt_tokens + self.tokens // 2
+        n = self.max_draft_length + 1
+        first, end = pass_span(depth, n, self.verify_mode, self.stream_passes)
+        if first < 0 or end > self.prompt_tokens + self.tokens:
+            raise SettingError(
+                f"evaluation: a {self.verify_mode} verify measurement of {n} tokens "
+                f"({self.stream_passes} timed passes) spans {end - first} tokens, more than "
+                f"the {self.prompt_tokens + self.tokens} of a prompt and its run; raise "
+                f"{setting('tokens')} or lower {setting('stream_passes')}"
             )
 
 
@@ -232,25 +252,27 @@ class Evaluation:
     def verify_phase(self, phase: str | None = None) -> list:
         """Time passes of n = 1..k_max+1 tokens of each prompt's continuation, both kernels,
         interleaved in a fresh random order each round (`calibrate.verify.round_order`), each
-        on the cache of prompt + half the continuation, rolled back. Returns the samples
+        at the depth of prompt + half the continuation, as `settings.verify_mode` times a pass
+        (`calibrate.verify.time_pass`: by default within a run of consecutive passes through
+        the continuation, as the sweep's decoding runs them). Returns the samples
         [kernel, n, seconds, round] (kept in verify_samples where `phase` names the phase;
         the warm-up's, phase None, are not)."""
         s, model = self.settings, self.model
         samples = []
         sizes = range(1, s.max_draft_length + 2)
+        mode, passes = s.verify_mode, s.stream_passes
         for prompt, reference in zip(self.prompts, self.references, strict=True):
             stream = prompt + reference
             depth = len(prompt) + self.depth_offset
-            cache = model.new_cache(capacity=depth + max(sizes) + 1)
+            end = max(pass_span(depth, n, mode, passes)[1] for n in sizes)
+            cache = model.new_cache(capacity=end + 1)
             model(torch.tensor(stream[:depth]), cache, kernel="dedup")
             for _ in range(s.verify_repeats):
                 round_id = f"{phase}/{len(samples) // (len(self.kernels) * len(sizes))}"
                 for n, kernel in round_order(sizes, self.kernels, self.rounds):
-                    batch = torch.tensor(stream[depth : depth + n])
-                    start = time.perf_counter()
-                    model(batch, cache, kernel=kernel, all_logits=True)
-                    elapsed = time.perf_counter() - start
-                    cache.rollback(depth)
+                    elapsed = time_pass(
+                        model, cache, stream, depth, n, kernel, mode=mode, passes=passes
+                    )
                     samples.append([kernel, n, elapsed, round_id])
         if phase is not None:
             self.keep_samples(samples)

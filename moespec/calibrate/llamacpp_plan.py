@@ -81,7 +81,12 @@ class VerifyFit:
             itertools.combinations((0, 1, 2), r) for r in range(1, 4)
         ):
             used = list(used)
-            coef, *_ = np.linalg.lstsq(columns[:, used], seconds, rcond=None)
+            # each column scaled to unit norm first: bytes (~1e8) beside ones and n left the
+            # solve ill-conditioned (relative errors of 5e-9 with some LAPACK builds)
+            scale = np.linalg.norm(columns[:, used], axis=0)
+            scale[scale == 0] = 1.0  # an all-zero column (no bytes given) stays as it is
+            coef, *_ = np.linalg.lstsq(columns[:, used] / scale, seconds, rcond=None)
+            coef = coef / scale
             if (coef < 0).any():
                 continue
             residual = float(((columns[:, used] @ coef - seconds) ** 2).sum())

@@ -32,7 +32,12 @@ from moespec.calibrate.predict import (
 )
 from moespec.calibrate.texts import stdlib_documents, verify_documents, verify_text
 from moespec.calibrate.timing import FLUSH_BYTES, last_level_cache_bytes, read_bandwidth
-from moespec.calibrate.verify import measure_draft_time, measure_verify, verify_table
+from moespec.calibrate.verify import (
+    STREAM_PASSES,
+    measure_draft_time,
+    measure_verify,
+    verify_table,
+)
 from moespec.costmodel import crossover
 from moespec.demo import describe
 from moespec.errors import SettingError, setting
@@ -287,6 +292,8 @@ def plan_chain(
                 "trace": describe(trace_path) if trace_path else None,
                 "depth": depth,
                 "verify_repeats": verify_repeats,
+                "verify_mode": "stream",
+                "stream_passes": STREAM_PASSES,
             },
         ),
         bench=bench_run(settings, layers, windows),

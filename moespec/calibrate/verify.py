@@ -1,16 +1,30 @@
 """Whole-model measurements the predictions never see: verify time per kernel and pass size,
 and the draft model's time per step h(k).
 
-A verification pass of n tokens runs on top of a context of `depth` tokens (teacher forced:
-the pass's tokens are the text's next tokens), is timed, and rolled back; kernels and pass
-sizes are interleaved within each repeat so slow drift of the machine spreads evenly, in a
-fresh random order each repeat (`round_order`): in a fixed order the first pass of every round
-ran 12-22% slower than the same pass later in the round (on the demo target, whose one-token
-pass takes 0.3 ms), which made the per-slot kernel at n = 1 look slower than the identical
-deduplicating one.
+A verification pass of n tokens runs at a context of `depth` tokens, teacher forced (the
+pass's tokens are the text's next tokens); kernels and pass sizes are interleaved within each
+repeat so slow drift of the machine spreads evenly, in a fresh random order each repeat
+(`round_order`): in a fixed order the first pass of every round ran 12-22% slower than the same
+pass later in the round (on the demo target, whose one-token pass takes 0.3 ms), which made the
+per-slot kernel at n = 1 look slower than the identical deduplicating one.
+
+How one pass is timed (`VERIFY_MODES`, `time_pass`): "stream" (the default) times the pass as
+decoding runs it, in a run of consecutive passes of n tokens through the text centred on
+`depth`, the first untimed, one value the median of the rest; "isolated" (the earlier reading)
+times a single pass at `depth` and rolls it back, whatever pass of another size or kernel ran
+just before. On a model whose weights fit the last-level cache the two differ: on the demo
+target (29 MB of weights, a 32 MiB L3) the isolated one-token pass took 1.15x the one-token
+pass inside `generate()`'s decoding loop and the isolated 9-token passes 0.91-0.93x the loop's
+(so tau(n) / tau(1) came out about a fifth too flat), where the stream reading took 0.89-0.95x
+the loop's pass at every n, the loop's time holding the acceptance too; on OLMoE shapes,
+whose weights stream from memory, both lie within 0.93-1.11x (`benchmarks/verify_modes.py`).
+What a pass costs on such a model depends on what ran before it: a one-token pass right after
+a 9-token one pays to bring back the cache lines the larger pass's activations and logits
+pushed out, and one pass repeated in place keeps its own experts hot.
 """
 
 import random
+import statistics
 import time
 from collections.abc import Sequence
 
@@ -21,6 +35,57 @@ from moespec.decoding.drafters import ModelDrafter
 from moespec.decoding.sampling import Sampler
 from moespec.models import Transformer
 from moespec.progress import Progress
+
+VERIFY_MODES = ("stream", "isolated")
+STREAM_PASSES = 6  # timed passes per "stream" value (after one untimed)
+
+
+def pass_span(depth: int, n: int, mode: str = "stream", passes: int = STREAM_PASSES):
+    """[first, end): the text positions one `mode` measurement of n tokens at `depth` runs
+    over (the cache must hold the text up to `first`, and room up to `end`)."""
+    if mode not in VERIFY_MODES:
+        raise ValueError(f"verify mode {mode!r}: expected one of {', '.join(VERIFY_MODES)}")
+    if mode == "isolated":
+        return depth, depth + n
+    if passes < 1:
+        raise ValueError(f"a stream verify measurement needs >= 1 timed pass, got {passes}")
+    total = (passes + 1) * n
+    first = depth - total // 2
+    return first, first + total
+
+
+def time_pass(
+    model: Transformer,
+    cache,
+    tokens: Sequence[int],
+    depth: int,
+    n: int,
+    kernel: str,
+    *,
+    mode: str = "stream",
+    passes: int = STREAM_PASSES,
+) -> float:
+    """Seconds of one verify pass of n tokens of `tokens` at `depth` with `kernel`, as `mode`
+    times it (the module's docstring); `cache` holds at least tokens[:depth] and is left
+    holding exactly that. "stream": passes + 1 consecutive passes of n tokens from
+    `pass_span`'s first position (so they centre on `depth`), the first untimed, the median
+    of the others; "isolated": one pass of tokens[depth : depth + n], rolled back."""
+    first, end = pass_span(depth, n, mode, passes)
+    if first < 0 or end > len(tokens):
+        raise ValueError(
+            f"a {mode} verify pass of {n} tokens at depth {depth} runs over text positions "
+            f"{first}..{end}, outside the {len(tokens)} tokens given"
+        )
+    cache.rollback(first)
+    times = []
+    for at in range(first, end, n):
+        batch = torch.tensor(tokens[at : at + n])
+        start = time.perf_counter()
+        model(batch, cache, kernel=kernel, all_logits=True)
+        times.append(time.perf_counter() - start)
+    if cache.length > depth:
+        cache.rollback(depth)
+    return times[0] if mode == "isolated" else statistics.median(times[1:])
 
 
 def measure_verify(
@@ -34,19 +99,28 @@ def measure_verify(
     warmup: int = 2,
     progress: Progress | None = None,
     seed: int = 0,
+    mode: str = "stream",
+    passes: int = STREAM_PASSES,
 ) -> list[dict]:
-    """[{kernel, n_tokens, seconds: [...], median, iqr}] of whole-model verify passes.
-    progress: reports each round (moespec.progress); seed: the rounds' orders."""
-    from moespec.errors import setting
+    """[{kernel, n_tokens, seconds: [...], median, iqr, depth, mode}] of whole-model verify
+    passes, each value timed by `time_pass` (mode, passes). progress: reports each round
+    (moespec.progress); seed: the rounds' orders."""
+    from moespec.errors import SettingError, setting
     from moespec.models.context import fit_context
 
-    need = depth + max(pass_sizes)
+    spans = [pass_span(depth, n, mode, passes) for n in pass_sizes]
+    need = max(end for _, end in spans)
     what, fix = f"a pass after {depth} tokens", f"lower {setting('depth')}"
     fit_context(range(need), model.config, what=what, fix=fix)
+    if min(first for first, _ in spans) < 0:
+        raise SettingError(
+            f"measure-verify: a {mode} measurement of {max(pass_sizes)} tokens starts "
+            f"before the text at depth {depth}; raise {setting('depth')}"
+        )
     if len(tokens) < need:
         raise ValueError(
-            f"measure-verify needs {need} tokens of text (depth {depth} + the "
-            f"largest pass), got {len(tokens)}"
+            f"measure-verify needs {need} tokens of text (depth {depth} and the largest "
+            f"pass's {mode} measurement), got {len(tokens)}"
         )
     cache = model.new_cache(capacity=need + 1)
     model(torch.tensor(tokens[:depth]), cache, kernel="dedup")
@@ -56,11 +130,7 @@ def measure_verify(
     rounds = random.Random(seed)
     for repeat in range(warmup + repeats):
         for n, kernel in round_order(pass_sizes, kernels, rounds):
-            batch = torch.tensor(tokens[depth : depth + n])
-            start = time.perf_counter()
-            model(batch, cache, kernel=kernel, all_logits=True)
-            elapsed = time.perf_counter() - start
-            cache.rollback(depth)
+            elapsed = time_pass(model, cache, tokens, depth, n, kernel, mode=mode, passes=passes)
             if repeat >= warmup:
                 samples.setdefault((kernel, n), []).append(elapsed)
         progress.advance()
@@ -75,6 +145,7 @@ def measure_verify(
                 "median": median,
                 "iqr": iqr,
                 "depth": depth,
+                "mode": mode,
             }
         )
     return records
@@ -96,12 +167,14 @@ def verify_run(
     max_n: int = 9,
     depth: int = 256,
     repeats: int = 10,
+    mode: str = "stream",
     progress: Progress | None = None,
 ) -> dict:
     """What `moespec measure-verify` records: the checkpoint at `model_dir` loaded as `dtype`
     (and `weights`), its verify passes of n = 1..max_n tokens per kernel on the tokens of
-    `text` (a file; default: the test documents the plan measures on, `calibrate.texts`), with
-    the model, weight paths, depth, every record and the provenance."""
+    `text` (a file; default: the test documents the plan measures on, `calibrate.texts`) as
+    `mode` times a pass (`time_pass`), with the model, weight paths, depth, every record and
+    the provenance."""
     from pathlib import Path
 
     from moespec.calibrate.texts import verify_text
@@ -120,6 +193,7 @@ def verify_run(
         kernels=kernels,
         repeats=repeats,
         progress=progress,
+        mode=mode,
     )
     return {
         "model": describe(model_dir),
@@ -129,7 +203,8 @@ def verify_run(
         "depth": depth,
         "records": records,
         "provenance": provenance(
-            model.embed.device, {"kernels": list(kernels), "repeats": repeats}
+            model.embed.device,
+            {"kernels": list(kernels), "repeats": repeats, "verify_mode": mode},
         ),
     }
 

@@ -41,6 +41,19 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="what a wrong draft proposes: the target's best token other than the greedy one "
         "(default), or a token drawn from the whole vocabulary",
     )
+    parser.add_argument(
+        "--verify-mode",
+        choices=("stream", "isolated"),  # calibrate.verify.VERIFY_MODES (imported lazily)
+        default="stream",
+        help="how a verify pass is timed: within a run of consecutive passes through the text, "
+        "as decoding runs them (default), or alone, rolled back",
+    )
+    parser.add_argument(
+        "--stream-passes",
+        type=positive_int,
+        default=6,  # calibrate.verify.STREAM_PASSES
+        help="timed passes per value in --verify-mode stream (after one untimed)",
+    )
     parser.add_argument("--out", metavar="FILE.json", required=True)
     parser.add_argument("--force", action="store_true", help="overwrite an existing --out")
     parser.add_argument("--json", action="store_true", help="print the evaluation as JSON")
@@ -84,6 +97,8 @@ def run(args: argparse.Namespace) -> int:
         seed=args.seed,
         sweep_order=args.sweep_order,
         corruption=args.corruption,
+        verify_mode=args.verify_mode,
+        stream_passes=args.stream_passes,
     )
     model_dir = Path(args.model) if args.model else plan_model_dir(plan, path)
     model, tokenizer = load_model(model_dir, dtype=plan.dtype)

@@ -36,6 +36,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--depth", type=positive_int, default=256, help="context tokens before the pass"
     )
     parser.add_argument("--repeats", type=positive_int, default=10)
+    parser.add_argument(
+        "--verify-mode",
+        choices=("stream", "isolated"),  # calibrate.verify.VERIFY_MODES (imported lazily)
+        default="stream",
+        help="how a verify pass is timed: within a run of consecutive passes through the text, "
+        "as decoding runs them (default), or alone, rolled back",
+    )
     add_dtype(parser)
     add_weights(parser)
     parser.add_argument("--out", metavar="FILE.json", help="write every sample as JSON")
@@ -62,6 +69,7 @@ def run(args: argparse.Namespace) -> int:
             max_n=args.max_n,
             depth=args.depth,
             repeats=args.repeats,
+            mode=args.verify_mode,
             progress=progress,
         )
     if args.out:
