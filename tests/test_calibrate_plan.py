@@ -467,6 +467,12 @@ def test_evaluate_command_offers_the_librarys_choices():
     defaults = EvaluationSettings()
     assert actions["verify_mode"].default == defaults.verify_mode == VERIFY_MODES[0]
     assert actions["stream_passes"].default == defaults.stream_passes == STREAM_PASSES
+    from moespec.cli.measure_verify import add_arguments as measure_verify_arguments
+
+    parser = argparse.ArgumentParser()
+    measure_verify_arguments(parser)
+    mode = next(a for a in parser._actions if a.dest == "verify_mode")
+    assert tuple(mode.choices) == VERIFY_MODES and mode.default == VERIFY_MODES[0]
 
 
 @pytest.mark.parametrize("corruption", ["runner-up", "uniform"])

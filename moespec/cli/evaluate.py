@@ -11,7 +11,7 @@ import argparse
 import json
 from pathlib import Path
 
-from moespec.cli.options import checkpoint_dir, positive_int
+from moespec.cli.options import add_verify_mode, checkpoint_dir, positive_int
 
 HELP = "score a plan: verify times and the speculative sweep, interleaved in one process"
 
@@ -41,13 +41,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="what a wrong draft proposes: the target's best token other than the greedy one "
         "(default), or a token drawn from the whole vocabulary",
     )
-    parser.add_argument(
-        "--verify-mode",
-        choices=("stream", "isolated"),  # calibrate.verify.VERIFY_MODES (imported lazily)
-        default="stream",
-        help="how a verify pass is timed: within a run of consecutive passes through the text, "
-        "as decoding runs them (default), or alone, rolled back",
-    )
+    add_verify_mode(parser)
     parser.add_argument(
         "--stream-passes",
         type=positive_int,

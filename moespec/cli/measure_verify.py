@@ -10,6 +10,7 @@ import json
 
 from moespec.cli.options import (
     add_dtype,
+    add_verify_mode,
     add_weights,
     checkpoint_dir,
     existing_file,
@@ -36,13 +37,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--depth", type=positive_int, default=256, help="context tokens before the pass"
     )
     parser.add_argument("--repeats", type=positive_int, default=10)
-    parser.add_argument(
-        "--verify-mode",
-        choices=("stream", "isolated"),  # calibrate.verify.VERIFY_MODES (imported lazily)
-        default="stream",
-        help="how a verify pass is timed: within a run of consecutive passes through the text, "
-        "as decoding runs them (default), or alone, rolled back",
-    )
+    add_verify_mode(parser)
     add_dtype(parser)
     add_weights(parser)
     parser.add_argument("--out", metavar="FILE.json", help="write every sample as JSON")

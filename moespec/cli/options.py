@@ -43,6 +43,17 @@ def weights_name(text: str) -> str:
     return WEIGHT_NAMES[key]
 
 
+def add_verify_mode(parser: argparse.ArgumentParser) -> None:
+    """--verify-mode (calibrate.verify.VERIFY_MODES, not imported here: it pulls in torch)."""
+    parser.add_argument(
+        "--verify-mode",
+        choices=("stream", "isolated"),
+        default="stream",
+        help="how a verify pass is timed: within a run of consecutive passes through the text, "
+        "as decoding runs them (default), or alone, rolled back",
+    )
+
+
 def add_weights(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--weights",
