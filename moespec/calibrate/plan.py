@@ -276,6 +276,8 @@ def plan_chain(
         kernels=measured.kernels,
         repeats=verify_repeats,
         progress=progress,
+        mode="stream",  # as recorded in the provenance below
+        passes=STREAM_PASSES,
     )
     whole_times = {k: np.array(verify_table(whole, k, max_n)) for k in measured.kernels}
     draft_time = draft_times(draft_dir, tokenizer, dtype, text, depth, max_n, progress)
