@@ -465,7 +465,12 @@ class ExpertBench(Bench):
             for e in self.experts.values()
         ]
         self.sim_settings = dict(
-            fit_tokens=args.fit_tokens, draft_bytes_ratio=0.0, bytes_per_parameter=dtype.itemsize
+            fit_tokens=args.fit_tokens,
+            draft_bytes_ratio=0.0,
+            bytes_per_parameter=dtype.itemsize,
+            # `measure` replays the trace's own window for every pass, rejected drafts too:
+            # the simulation routes them the same way (its default draws them by popularity)
+            rejected_routing="continuation",
         )
         self.description = {
             "mode": "experts",
@@ -492,7 +497,7 @@ class ExpertBench(Bench):
             pos, emitted = pos + step, emitted + step
 
     def measure_profile(self):
-        return expert_profile(self.experts[0], self.args.device)
+        return expert_profile(self.experts[0], self.args.device, self.trace.top_k)
 
     def measure(self, name: str | None, speculative: bool) -> dict:
         """Replay the trace through the executor (None: the kernel on resident experts)."""
@@ -559,9 +564,14 @@ def expert_row(tokens: int, steps: int, seconds: float, totals: dict | None) -> 
 STATS = ("hits", "misses", "bytes_copied", "cpu_experts")
 
 
-def expert_profile(experts: ExpertWeights, device: str):
+def expert_profile(experts: ExpertWeights, device: str, top_k: int):
     """`this-machine` at the expert's size; on CUDA, its link and accelerator parts measured
-    on the device (pinned copies of one expert; one expert applied to one token)."""
+    on the device: pinned copies of one expert; the slot kernel on a pass of up to 8 tokens
+    whose slots name distinct experts against a pass of one token and one expert (CUDA events,
+    the median of 20 runs after a warm-up, successive runs on other experts of the layer), whose
+    slope is the accelerator's time per expert. (One token of `top_k` experts against one
+    expert, on an H200: no slope at all, the launch hid 7 experts' reads.) The kernel's fixed
+    time per call is left to the calibration point, like the rest of a layer's fixed cost."""
     from dataclasses import replace
 
     from moespec.offload.sim.hardware import measure_this_machine
@@ -578,24 +588,46 @@ def expert_profile(experts: ExpertWeights, device: str):
         slot.down.copy_(host.down, non_blocking=True)
         torch.cuda.synchronize(device)
 
-    x = torch.randn(1, experts.hidden_size, dtype=experts.dtype, device=device)
-    ids = torch.zeros(1, 1, dtype=torch.long, device=device)
-    weights = torch.ones(1, 1, device=device)
+    n_experts = experts.num_experts
+    m = min(top_k, n_experts)
+    tokens = max(1, min(8, n_experts // m))
+    pool = ExpertWeights(experts.gate_up.to(device), experts.down.to(device))
+    kernel, rounds = get_kernel("slot"), iter(range(10**9))
 
-    def compute():
-        get_kernel("slot")(x, ids, weights, slot)
-        torch.cuda.synchronize(device)
+    def compute(rows: int, slots: int):
+        first = next(rounds) * rows * slots
+        ids = [(first + j) % n_experts for j in range(rows * slots)]  # distinct within a pass
+        ids = torch.tensor(ids, device=device).view(rows, slots)
+        x = torch.randn(rows, experts.hidden_size, dtype=experts.dtype, device=device)
+        weights = torch.full((rows, slots), 1 / slots, device=device)
+        return lambda: kernel(x, ids, weights, pool)
 
-    copy_time, compute_time = best_time(copy), best_time(compute)
+    count = tokens * m
+    one = device_time([compute(1, 1) for _ in range(21)], device)
+    many = device_time([compute(tokens, m) for _ in range(21)], device)
+    per_expert = (many - one) / (count - 1) if many > one and count > 1 else many / count
     return replace(
         cpu,
         name=f"measured-{device}",
-        link_bandwidth=w / copy_time,
-        accelerator_bandwidth=w / compute_time,
+        link_bandwidth=w / best_time(copy),
+        accelerator_bandwidth=w / per_expert,
         accelerator_expert_time=0.0,
         accelerator_flops=1e15,
         note=f"{cpu.note}; link and accelerator measured on {torch.cuda.get_device_name(device)}",
     )
+
+
+def device_time(runs: list, device) -> float:
+    """Median device time (s) of the runs after the first (a warm-up), by CUDA events."""
+    times = []
+    for run in runs:
+        begin, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        begin.record(torch.cuda.current_stream(device))
+        run()
+        end.record(torch.cuda.current_stream(device))
+        end.synchronize()
+        times.append(begin.elapsed_time(end) / 1e3)
+    return float(np.median(times[1:]))
 
 
 def best_time(fn, repeats: int = 20) -> float:

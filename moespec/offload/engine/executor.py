@@ -343,7 +343,8 @@ class OffloadEngine:
             return y.to(x.device), (0.0, 0, acc_timer, waited)
         if len(work.accelerator) == 0:  # all on the CPU: the in-memory kernel on the store
             start = time.perf_counter()
-            y, end = self._cpu(kernel, x, expert_ids, expert_weights, self.store.layers[l])
+            host = (x.cpu(), expert_ids.cpu(), expert_weights.cpu())  # no-ops on the CPU
+            y, end = self._cpu(kernel, *host, self.store.layers[l])
             return y.to(x.device), (end - start, ids.size, None, 0.0)
         # Split: each tier computes its (token, slot) pairs as rows of one expert each.
         num_tokens, top_k = ids.shape
