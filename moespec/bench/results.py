@@ -427,6 +427,43 @@ RESULTS = [
     _plan("gpt-oss-20b-bf16", "--shape gpt-oss-20b", 1),
     # no published rho(2) for DeepSeek-V2-Lite: the synthetic routing is fitted to 0.4
     _plan("deepseek-v2-lite-bf16", "--shape deepseek-v2-lite --reuse2 0.4", 1),
+    # These need a CUDA GPU (these files: an H200, PCIe 5.0 x16, 16 host cores).
+    _plan("olmoe-1b-7b-bf16-h200", "--shape olmoe-1b-7b --device cuda", 1),
+    Result(
+        "gpu-expert-kernels-h200",
+        ("gpu/gpu_expert_kernels_h200.json", "gpu/gpu_expert_kernels_h200.png"),
+        (
+            "python benchmarks/gpu_expert_kernels.py "
+            f"--out {RESULTS_DIR}/gpu/gpu_expert_kernels_h200.json --force",
+        ),
+        1,
+    ),
+    Result(  # the launch settings tuned, then the kernels timed again on them
+        "gpu-expert-kernels-h200-tuned",
+        (
+            "gpu/triton_settings_h200.json",
+            "gpu/gpu_expert_kernels_h200_tuned.json",
+            "gpu/gpu_expert_kernels_h200_tuned.png",
+        ),
+        (
+            "python benchmarks/gpu_expert_kernels.py --tune "
+            f"--out {RESULTS_DIR}/gpu/triton_settings_h200.json --force",
+            "python benchmarks/gpu_expert_kernels.py "
+            f"--settings {RESULTS_DIR}/gpu/triton_settings_h200.json "
+            f"--out {RESULTS_DIR}/gpu/gpu_expert_kernels_h200_tuned.json --force",
+        ),
+        2,
+    ),
+    Result(
+        "gpu-offload-engine-h200",
+        ("gpu/offload_engine_h200.json",),
+        (
+            "python benchmarks/offload_engine.py --synthetic olmoe-1b-7b --layers 4 --device cuda "
+            "--dtype bf16 --expert-cache-ratio 0.25 --draft-length 4 --acceptance 0.7 "
+            f"--tokens 96 --repeats 3 --out {RESULTS_DIR}/gpu/offload_engine_h200.json --force",
+        ),
+        3,
+    ),
 ]
 
 

@@ -21,8 +21,9 @@ from pathlib import Path
 KERNEL_NAMES = ("slot", "dedup")
 STAGES = ("gate_up", "down")
 
-# Starting points for an H100/H200-class card, until tuned values are measured there. Slot
-# gate_up: a program per (slot, 8 rows) keeps >= 1000 programs even at one token.
+# Starting points for a card without tuned values (chosen for an H100/H200-class card before
+# one was measured). Slot gate_up: a program per (slot, 8 rows) keeps >= 1000 programs even at
+# one token.
 TUNED: dict = {
     "default": {
         "slot": {
@@ -34,7 +35,24 @@ TUNED: dict = {
             "down": {"block_n": 16, "block_k": 256, "split": 4, "num_warps": 4, "num_stages": 3},
         },
     },
-    "devices": {},
+    "devices": {
+        # Measured on an H200 (benchmarks/gpu_expert_kernels.py --tune, bf16; the four shapes of
+        # benchmarks/results/gpu/triton_settings_h200.json agree but for dedup's splits).
+        "NVIDIA H200": {
+            "*": {
+                "slot": {
+                    "gate_up": {"block_n": 8, "block_k": 1024, "split": 1},
+                    "down": {"block_n": 8, "block_k": 512, "split": 2},
+                },
+                "dedup": {
+                    "gate_up": {"block_n": 32, "block_k": 128, "split": 8},
+                    "down": {"block_n": 32, "block_k": 256, "split": 8},
+                },
+            },
+            "2048x768": {"dedup": {"gate_up": {"split": 16}}},  # Qwen3-30B-A3B
+            "2880x2880": {"dedup": {"gate_up": {"split": 4}, "down": {"split": 4}}},  # gpt-oss
+        },
+    },
 }
 
 
