@@ -421,6 +421,7 @@ def this_machine(model, kernel: str, store_bytes: int, pool_bytes: int):
         kernel=kernel,
         store_bytes=store_bytes,
         pool_bytes=pool_bytes,
+        dtype=e.dtype,  # the CPU tier's products in the engine's own dtype
     )
 
 
@@ -576,7 +577,7 @@ def expert_profile(experts: ExpertWeights, device: str, top_k: int):
 
     from moespec.offload.sim.hardware import measure_this_machine
 
-    cpu = measure_this_machine(experts.hidden_size, experts.intermediate_size)
+    cpu = measure_this_machine(experts.hidden_size, experts.intermediate_size, dtype=experts.dtype)
     if device == "cpu":
         return cpu
     host = ExpertWeights(experts.gate_up[:1].pin_memory(), experts.down[:1].pin_memory())

@@ -266,22 +266,30 @@ def _store_bytes(store_bytes: int | None) -> int:
     return 2 * cache if store_bytes is None else min(int(store_bytes), 4 * cache)
 
 
-def _store_of_experts(hidden_size: int, intermediate_size: int, store_bytes: int, multiple=1):
-    """float32 experts filling `store_bytes` (at least 2, a multiple of `multiple`)."""
-    w = 3 * hidden_size * intermediate_size * 4
+def _store_of_experts(
+    hidden_size: int, intermediate_size: int, store_bytes: int, multiple=1, dtype=None
+):
+    """Experts (float32 unless `dtype`) filling `store_bytes` (at least 2, a multiple of
+    `multiple`)."""
+    import torch
+
+    itemsize = (dtype or torch.float32).itemsize
+    w = 3 * hidden_size * intermediate_size * itemsize
     count = max(2, -(-store_bytes // w))
-    return _one_expert(hidden_size, intermediate_size, -(-count // multiple) * multiple)
+    return _one_expert(hidden_size, intermediate_size, -(-count // multiple) * multiple, dtype)
 
 
-def _one_expert(hidden_size: int, intermediate_size: int, count: int = 1):
-    """`count` float32 experts of the given size, unpacked, as the engine's kernels take them."""
+def _one_expert(hidden_size: int, intermediate_size: int, count: int = 1, dtype=None):
+    """`count` experts (float32 unless `dtype`) of the given size, unpacked, as the engine's
+    kernels take them."""
     import torch
 
     from moespec.kernels import ExpertWeights
 
+    dtype = dtype or torch.float32
     return ExpertWeights(
-        torch.randn(count, 2 * intermediate_size, hidden_size),
-        torch.randn(count, hidden_size, intermediate_size),
+        torch.randn(count, 2 * intermediate_size, hidden_size).to(dtype),
+        torch.randn(count, hidden_size, intermediate_size).to(dtype),
     )
 
 
@@ -295,7 +303,7 @@ def _expert_run(experts, tokens: int, expert: int = 0, kernel: str = "dedup", cy
     from moespec.kernels import get_kernel
 
     run_kernel = get_kernel(kernel)
-    x = torch.randn(tokens, experts.hidden_size)
+    x = torch.randn(tokens, experts.hidden_size, dtype=experts.dtype)
     gates = torch.ones(tokens, 1)
     order = itertools.cycle(range(experts.num_experts)) if cycle else itertools.repeat(expert)
     ids = [torch.full((tokens, 1), e, dtype=torch.long) for e in range(experts.num_experts)]
@@ -314,6 +322,7 @@ def measure_this_machine(
     kernel=None,
     store_bytes: int | None = None,
     pool_bytes: int | None = None,
+    dtype=None,
 ) -> HardwareProfile:
     """A CPU-only profile measured here: both tiers are this CPU, the link is a memory copy.
 
@@ -326,12 +335,13 @@ def measure_this_machine(
     rate: the extra time of 16 tokens over 1 (one group of 16 rows). Each time is the median
     of `repeats` calls, each call taking the next expert of a store of `store_bytes`, as the
     engine's calls read experts the cache does not hold.
-    The expert is float32: torch's CPU bf16 matvec paths vary by shape by up to 100x, and a
-    bandwidth is bytes read per second whatever their type. With `kernel` (a moespec expert
-    kernel's name), the fixed times come from that kernel as the engine calls it
-    (`kernel_times`): its time per call and per expert beyond the bytes. Both tiers share one
-    memory bus here, which the timing model does not know: the profile is for relative
-    comparisons.
+    The expert is float32 unless `dtype` names the engine's: torch's CPU bf16 matvec paths
+    vary by shape by up to 100x, so a bf16 engine is probed in bf16 at its own shape (an
+    H200 host's CPU tier ran bf16 experts at 13-16 GB/s, whole steps counted, where an fp32
+    probe read 71). With `kernel` (a moespec expert kernel's name), the fixed times come from
+    that kernel as the engine calls it (`kernel_times`): its time per call and per expert
+    beyond the bytes. Both tiers share one memory bus here, which the timing model does not
+    know: the profile is for relative comparisons.
     """
     import torch
 
@@ -342,7 +352,7 @@ def measure_this_machine(
     store = _store_bytes(store_bytes)
 
     def expert_time(h: int, i: int, tokens: int = 1) -> tuple[float, int]:
-        experts = _store_of_experts(h, i, store)
+        experts = _store_of_experts(h, i, store, dtype=dtype)
         run = _expert_run(experts, tokens, cycle=True)
         return _typical_time(run, repeats), experts.bytes_per_expert
 
@@ -354,12 +364,13 @@ def measure_this_machine(
     call = 0.0
     if kernel is not None:  # the engine's kernel: its time per call beyond its experts' time
         call, fixed = kernel_times(
-            kernel, hidden_size, intermediate_size, bandwidth, repeats, store_bytes=store
+            kernel, hidden_size, intermediate_size, bandwidth, repeats, store, dtype
         )
     # The FLOP rate from the extra time of 16 tokens over 1 (2 FLOP per weight per token).
     batch_seconds, _ = expert_time(hidden_size, intermediate_size, tokens=16)
-    flops = 2 * (nbytes / 4) * 15 / max(batch_seconds - seconds, 1e-9)
-    overlap = tier_overlap(hidden_size, intermediate_size, repeats)
+    itemsize = (dtype or torch.float32).itemsize
+    flops = 2 * (nbytes / itemsize) * 15 / max(batch_seconds - seconds, 1e-9)
+    overlap = tier_overlap(hidden_size, intermediate_size, repeats, dtype)
     return HardwareProfile(
         name=THIS_MACHINE,
         link_bandwidth=link_bandwidth,
@@ -375,7 +386,8 @@ def measure_this_machine(
         kernel_call_time=call,
         tier_overlap=overlap,
         decisions_on_clock=True,
-        note=f"measured with torch {torch.__version__} on {threads} threads",
+        note=f"measured with torch {torch.__version__} on {threads} threads"
+        + (f", {dtype} experts" if dtype is not None else ""),
         sources=(
             (
                 "link_bandwidth",
@@ -465,10 +477,12 @@ def kernel_times(
     bandwidth,
     repeats=31,
     store_bytes: int | None = None,
+    dtype=None,
 ):
     """(s per call, s per expert beyond its bytes at `bandwidth`) of a moespec expert kernel
-    as the engine calls a tier: U rows, one expert each (U = 1 and 4), float32 experts taken
-    in turn from a store of `store_bytes` (see `_store_bytes`); medians of `repeats` calls."""
+    as the engine calls a tier: U rows, one expert each (U = 1 and 4), experts (float32
+    unless `dtype`) taken in turn from a store of `store_bytes` (see `_store_bytes`); medians
+    of `repeats` calls."""
     import itertools
 
     import torch
@@ -476,11 +490,12 @@ def kernel_times(
     from moespec.kernels import get_kernel
 
     run_kernel, count = get_kernel(kernel), 4
-    experts = _store_of_experts(hidden_size, intermediate_size, _store_bytes(store_bytes), count)
+    store = _store_bytes(store_bytes)
+    experts = _store_of_experts(hidden_size, intermediate_size, store, count, dtype)
     w = experts.bytes_per_expert
 
     def timed(rows: int) -> float:
-        x = torch.randn(rows, hidden_size)
+        x = torch.randn(rows, hidden_size, dtype=experts.dtype)
         gates = torch.ones(rows, 1)
         groups = itertools.cycle(range(0, experts.num_experts, count))
         ids = {g: torch.arange(g, g + rows)[:, None] for g in range(0, experts.num_experts, count)}
@@ -496,13 +511,13 @@ def kernel_times(
     return max(one - per_expert - w / bandwidth, 0.0), per_expert
 
 
-def tier_overlap(hidden_size: int, intermediate_size: int, repeats: int = 31) -> float:
+def tier_overlap(hidden_size: int, intermediate_size: int, repeats: int = 31, dtype=None) -> float:
     """How far two tiers' expert work overlaps on this machine, in [0, 1]: the engine's kernel
     on one expert alone (t1) against two experts at once in two threads (t2), 2 - t2 / t1 (1:
     in parallel, as two devices; 0: one after the other, as on one busy core)."""
     import threading
 
-    experts = _one_expert(hidden_size, intermediate_size, 2)
+    experts = _one_expert(hidden_size, intermediate_size, 2, dtype)
     runs = [_expert_run(experts, 1, expert) for expert in (0, 1)]
 
     def product(run, times=20):
