@@ -31,6 +31,7 @@ CUDA, pinned copies, device and CPU expert times at the shape's size.
 """
 
 import argparse
+import itertools
 import sys
 import time
 from dataclasses import replace
@@ -40,6 +41,7 @@ import numpy as np
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from moespec.calibrate.timing import time_runs
 from moespec.decoding import DraftLengthPolicy, KernelPolicy, OracleDrafter, generate, summarize
 from moespec.demo import describe  # noqa: E402
 from moespec.files import check_writable, write_json
@@ -593,19 +595,28 @@ def expert_profile(experts: ExpertWeights, device: str, top_k: int):
     m = min(top_k, n_experts)
     tokens = max(1, min(8, n_experts // m))
     pool = ExpertWeights(experts.gate_up.to(device), experts.down.to(device))
-    kernel, rounds = get_kernel("slot"), iter(range(10**9))
+    kernel, runs = get_kernel("slot"), 21
 
     def compute(rows: int, slots: int):
-        first = next(rounds) * rows * slots
-        ids = [(first + j) % n_experts for j in range(rows * slots)]  # distinct within a pass
-        ids = torch.tensor(ids, device=device).view(rows, slots)
-        x = torch.randn(rows, experts.hidden_size, dtype=experts.dtype, device=device)
-        weights = torch.full((rows, slots), 1 / slots, device=device)
-        return lambda: kernel(x, ids, weights, pool)
+        """f(): the kernel on the next of `runs` passes, each on other experts of the layer."""
+        passes = []
+        for r in range(runs):
+            ids = [(r * rows * slots + j) % n_experts for j in range(rows * slots)]  # distinct
+            passes.append(
+                (
+                    torch.randn(rows, experts.hidden_size, dtype=experts.dtype, device=device),
+                    torch.tensor(ids, device=device).view(rows, slots),
+                    torch.full((rows, slots), 1 / slots, device=device),
+                )
+            )
+        order = itertools.cycle(passes)
+        return lambda: kernel(*next(order), pool)
+
+    def median_time(fn) -> float:
+        return float(np.median(time_runs(fn, repeats=runs - 1, warmup=1, device=device)))
 
     count = tokens * m
-    one = device_time([compute(1, 1) for _ in range(21)], device)
-    many = device_time([compute(tokens, m) for _ in range(21)], device)
+    one, many = median_time(compute(1, 1)), median_time(compute(tokens, m))
     per_expert = (many - one) / (count - 1) if many > one and count > 1 else many / count
     return replace(
         cpu,
@@ -616,19 +627,6 @@ def expert_profile(experts: ExpertWeights, device: str, top_k: int):
         accelerator_flops=1e15,
         note=f"{cpu.note}; link and accelerator measured on {torch.cuda.get_device_name(device)}",
     )
-
-
-def device_time(runs: list, device) -> float:
-    """Median device time (s) of the runs after the first (a warm-up), by CUDA events."""
-    times = []
-    for run in runs:
-        begin, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        begin.record(torch.cuda.current_stream(device))
-        run()
-        end.record(torch.cuda.current_stream(device))
-        end.synchronize()
-        times.append(begin.elapsed_time(end) / 1e3)
-    return float(np.median(times[1:]))
 
 
 def best_time(fn, repeats: int = 20) -> float:
