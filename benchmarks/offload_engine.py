@@ -48,6 +48,7 @@ from moespec.files import check_writable, write_json
 from moespec.kernels import ExpertWeights, get_kernel
 from moespec.offload import POLICY_NAMES, make_policy
 from moespec.offload.engine.executor import OffloadEngine, expert_cache_budget
+from moespec.offload.engine.tiers import keeps_packed_experts
 from moespec.offload.sim.simulator import SimulationSettings, simulate
 from moespec.provenance import provenance  # noqa: E402
 from moespec.routing import RoutingTrace
@@ -270,7 +271,13 @@ class CheckpointBench(Bench):
             from moespec.demo import demo_paths
 
             args.model = demo_paths()[0]
-        self.model, tokenizer = load_model(args.model, dtype=args.dtype, pack=False)
+        # Packed as a user's run holds it: the experts too where the engine copies them in
+        # their packed layout (the CPU; CUDA copies plain experts). Every arm runs the eager
+        # pass: an offloaded layer calls the executor, so the in-memory arms (the calibration
+        # point among them) run the same code around their kernels, not the native pass.
+        packed = keeps_packed_experts(args.device, args.dtype)
+        self.model, tokenizer = load_model(args.model, dtype=args.dtype, pack_experts=packed)
+        self.model.native = False
         self.prompt = tokenizer.encode(args.prompt)
         kernels = KernelPolicy(args.kernel)
         records = generate(self.model, self.prompt, max_tokens=args.tokens + 1, kernels=kernels)
@@ -423,7 +430,8 @@ def this_machine(model, kernel: str, store_bytes: int, pool_bytes: int):
         kernel=kernel,
         store_bytes=store_bytes,
         pool_bytes=pool_bytes,
-        dtype=e.dtype,  # the CPU tier's products in the engine's own dtype
+        dtype=e.dtype,  # the CPU tier's products in the engine's own dtype and layout
+        packed=e.is_packed,
     )
 
 
@@ -447,6 +455,9 @@ class ExpertBench(Bench):
             )
             for layer in range(layers)
         }
+        if keeps_packed_experts(args.device, dtype):  # the store as a packed model holds it
+            for experts in self.experts.values():
+                experts.pack()
         w = self.experts[0].bytes_per_expert
         reuse2 = shape.published_reuse2 or 0.4
         process = LocalityProcess(n, shape.top_k).fit(reuse2, seed=args.seed)
@@ -464,7 +475,7 @@ class ExpertBench(Bench):
         self.hidden, self.dtype = hidden, dtype
         # In memory: every expert on the device (for a CUDA run, they must fit there).
         self.resident = [
-            ExpertWeights(e.gate_up.to(args.device), e.down.to(args.device))
+            e if e.is_packed else ExpertWeights(e.gate_up.to(args.device), e.down.to(args.device))
             for e in self.experts.values()
         ]
         self.sim_settings = dict(
@@ -500,7 +511,12 @@ class ExpertBench(Bench):
             pos, emitted = pos + step, emitted + step
 
     def measure_profile(self):
-        return expert_profile(self.experts[0], self.args.device, self.trace.top_k)
+        trace, ratio = self.trace, self.args.expert_cache_ratio
+        total = trace.num_experts * sum(trace.expert_bytes)
+        budget = expert_cache_budget(total, trace.expert_bytes[0], ratio=ratio)
+        return expert_profile(
+            self.experts[0], self.args.device, trace.top_k, self.args.kernel, total, budget
+        )
 
     def measure(self, name: str | None, speculative: bool) -> dict:
         """Replay the trace through the executor (None: the kernel on resident experts)."""
@@ -567,19 +583,37 @@ def expert_row(tokens: int, steps: int, seconds: float, totals: dict | None) -> 
 STATS = ("hits", "misses", "bytes_copied", "cpu_experts")
 
 
-def expert_profile(experts: ExpertWeights, device: str, top_k: int):
-    """`this-machine` at the expert's size; on CUDA, its link and accelerator parts measured
+def expert_profile(
+    experts: ExpertWeights,
+    device: str,
+    top_k: int,
+    kernel: str | None = None,
+    store_bytes: int | None = None,
+    pool_bytes: int | None = None,
+):
+    """`this-machine` at the expert's size, timing the engine's `kernel` (its time per call
+    apart from its time per expert) over a store and a pool of the engine's sizes (as the
+    checkpoint mode does); on CUDA, its link and accelerator parts measured
     on the device: pinned copies of one expert; the slot kernel on a pass of up to 8 tokens
     whose slots name distinct experts against a pass of one token and one expert (CUDA events,
     the median of 20 runs after a warm-up, successive runs on other experts of the layer), whose
     slope is the accelerator's time per expert. (One token of `top_k` experts against one
-    expert, on an H200: no slope at all, the launch hid 7 experts' reads.) The kernel's fixed
-    time per call is left to the calibration point, like the rest of a layer's fixed cost."""
+    expert, on an H200: no slope at all, the launch hid 7 experts' reads.) The device kernel's
+    fixed time per call is left to the calibration point, like the rest of a layer's fixed
+    cost."""
     from dataclasses import replace
 
     from moespec.offload.sim.hardware import measure_this_machine
 
-    cpu = measure_this_machine(experts.hidden_size, experts.intermediate_size, dtype=experts.dtype)
+    cpu = measure_this_machine(
+        experts.hidden_size,
+        experts.intermediate_size,
+        kernel=kernel,  # its time per call apart from its time per expert
+        store_bytes=store_bytes,  # the engine's store and cache budget (the link's two ends)
+        pool_bytes=pool_bytes,
+        dtype=experts.dtype,
+        packed=experts.is_packed,
+    )
     if device == "cpu":
         return cpu
     host = ExpertWeights(experts.gate_up[:1].pin_memory(), experts.down[:1].pin_memory())

@@ -147,6 +147,7 @@ def generate_text(
     from moespec.models import StreamingDetokenizer, load_model
     from moespec.models.compiled import capture, compile_report
     from moespec.models.context import fit_context
+    from moespec.offload.engine.tiers import keeps_packed_experts
 
     settings.check()
     if settings.threads is not None:
@@ -155,7 +156,11 @@ def generate_text(
     torch.manual_seed(settings.seed)
     model_dir, draft = model_and_draft(settings.model, settings.draft)
     model, tokenizer = load_model(
-        model_dir, dtype=settings.dtype, pack=settings.offload is None, weights=settings.weights
+        model_dir,
+        dtype=settings.dtype,
+        pack_experts=settings.offload is None
+        or keeps_packed_experts(settings.offload_device, settings.dtype),
+        weights=settings.weights,
     )
     model.batch_invariant = settings.batch_invariant
     capture(model, settings.compile)

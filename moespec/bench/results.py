@@ -150,6 +150,16 @@ RESULTS = [
         5,
     ),
     Result(
+        "offload-engine-olmoe2L",
+        ("offload_engine_olmoe2L.json",),
+        (
+            "python benchmarks/offload_engine.py --synthetic olmoe-1b-7b --layers 2 --dtype bf16 "
+            "--tokens 32 --repeats 3 --policies lru,spac,static "
+            f"--out {RESULTS_DIR}/offload_engine_olmoe2L.json --force",
+        ),
+        1.5,
+    ),
+    Result(
         "policy-overhead",
         ("policy_overhead.json",),
         (

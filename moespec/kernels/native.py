@@ -274,6 +274,14 @@ class PairWeight:
         """The weight in its ordinary [out, in] layout (a copy)."""
         return unpack_pairs(self.packed, self.shape)
 
+    def empty_like(self) -> "PairWeight":
+        """A weight of the same shape and layout, its bytes uninitialised (a slot to copy
+        another such weight's `packed` into)."""
+        other = PairWeight.__new__(PairWeight)
+        other.packed = torch.empty_like(self.packed)
+        other.shape, other.dtype, other.nbytes = self.shape, self.dtype, self.nbytes
+        return other
+
 
 def pairs_product(x: torch.Tensor, weight: PairWeight, threads: int | None = None):
     """x @ weight.T for bf16 x [..., in]: bf16 out, accumulated in fp32."""

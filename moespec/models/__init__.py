@@ -136,14 +136,16 @@ def load_model(
     dtype: str | torch.dtype = torch.bfloat16,
     *,
     pack: bool = True,
+    pack_experts: bool = True,
     weights: str | None = None,
 ) -> tuple[Transformer, Tokenizer]:
     """Load a checkpoint directory into a Transformer, with its tokenizer.
 
     Every tensor is checked (present, float, right shape) before the model exists; an error
     names the file and the tensor. pack: re-lay the large weights out for the CPU's fastest
-    library path (moespec.kernels.linear); off for engines that copy experts by hand
-    (offloading) or compare against the library's default path. weights: "int8" quantizes
+    library path (moespec.kernels.linear); off to compare against the library's default
+    path. pack_experts: with `pack`, the experts too (off where an engine copies them in
+    their plain layout: offloading to CUDA). weights: "int8" quantizes
     the experts, the attention projections, dense MLPs and the head at load (one scale per
     output channel; moespec.kernels.quant), "int8-experts" the experts alone; routers, norms
     and embeddings stay in `dtype`; None or the dtype's own name keeps every weight in it.
@@ -158,7 +160,7 @@ def load_model(
     if weights in INT8_FORMATS:
         model.quantize_int8(dense=weights == "int8")
     if pack:
-        model.pack()
+        model.pack(experts=pack_experts)
     return model, tokenizer
 
 

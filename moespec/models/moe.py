@@ -150,8 +150,9 @@ class MoEBlock:
         gate = [] if self.shared_gate is None else [self.shared_gate]
         return [*self.shared.products(), *gate]
 
-    def pack(self) -> None:
+    def pack(self, experts: bool = True) -> None:
         self.router = pack(self.router)
-        self.experts.pack()
+        if experts:
+            self.experts.pack()
         if self.shared is not None:
             self.shared.pack()

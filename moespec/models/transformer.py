@@ -170,13 +170,17 @@ class Transformer:
 
     __call__ = forward
 
-    def pack(self) -> "Transformer":
+    def pack(self, experts: bool = True) -> "Transformer":
         """Re-lay every large weight out for the CPU's fastest library path (in place; same
-        bytes, same results): attention, dense MLPs, the output head and every expert.
+        bytes, same results): attention, dense MLPs, the output head and, with `experts`,
+        every expert (an engine that copies plain experts by hand keeps them as they are).
         A head tied to the embeddings is packed as a copy (the lookup needs the table)."""
         for layer in self.layers:
             layer.attention.pack()
-            layer.mlp.pack()
+            if isinstance(layer.mlp, MoEBlock):
+                layer.mlp.pack(experts=experts)
+            else:
+                layer.mlp.pack()
         self.lm_head = pack(self.lm_head)
         self._weights_changed()
         return self

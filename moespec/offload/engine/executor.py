@@ -40,6 +40,7 @@ import numpy as np
 import torch
 
 from moespec.kernels import get_kernel
+from moespec.kernels.linear import linear
 from moespec.offload.driver import (
     LayerDriver,
     OffloadStats,
@@ -142,11 +143,6 @@ class OffloadEngine:
         blocks = model.moe_blocks
         if not blocks:
             raise ValueError(f"{model.config.name}: no MoE layer to offload")
-        if any(b.experts.is_packed for b in blocks.values()):
-            raise ValueError(
-                "offloading copies experts between tiers as ordinary tensors: "
-                "load the model with pack=False"
-            )
         top_k = next(iter(blocks.values())).top_k
         return cls(
             {i: b.experts for i, b in blocks.items()}, policy, budget_bytes, top_k=top_k, **options
@@ -440,6 +436,5 @@ class OffloadEngine:
 
 def _warm_up(experts) -> None:
     with torch.inference_mode():
-        torch.nn.functional.linear(
-            experts.down[0].new_zeros(2, experts.intermediate_size), experts.down[0]
-        )
+        down = experts.weights(0)[1]
+        linear(torch.zeros(2, experts.intermediate_size, dtype=experts.dtype), down)

@@ -9,9 +9,15 @@
 
 Backends say what a copy is on a device. `CpuBackend`: the device is this CPU; the pool is
 tensors of its own and a copy is a real `copy_` of the expert's bytes, so the same code runs
-and is tested everywhere. `CudaBackend`: the store pinned, copies on a copy stream, a CUDA
-event per copy (a kernel waits for it on the device, not on the host) and per slot use (a
-copy into a reused slot waits for the last kernel that read the slot).
+and is tested everywhere. There the store may hold its experts in the native pair layout
+(`moespec.kernels.native.PairWeight`, what a model loaded with packing holds on a CPU whose
+bf16 path is "native-pairs"): the pool's slots are pair-layout weights too, a copy moves the
+same bytes, and both tiers run the in-memory engine's products (the pair loops ran 1.4-3.6x
+the library's unpacked bf16 product at 1-9 rows on an AVX2 host, 2.65x at one row on an
+AVX-512-BF16 one: benchmarks/cpu_paths.py). `CudaBackend`: the store pinned (plain experts,
+the layout the device kernels read), copies on a copy stream, a CUDA event per copy (a kernel
+waits for it on the device, not on the host) and per slot use (a copy into a reused slot waits
+for the last kernel that read the slot).
 
 The budget rule is the layer driver's (`moespec.offload.driver.expert_cache_budget`).
 """
@@ -24,6 +30,7 @@ from dataclasses import dataclass
 import torch
 
 from moespec.kernels import ExpertWeights
+from moespec.kernels.native import PairWeight
 
 
 @dataclass(eq=False)
@@ -64,8 +71,12 @@ class CpuBackend:
 
     def copy(self, pool: "SlotPool", job: CopyJob, source: ExpertWeights) -> None:
         with torch.no_grad():
-            pool.weights.gate_up[job.slot].copy_(source.gate_up[job.expert])
-            pool.weights.down[job.slot].copy_(source.down[job.expert])
+            for slot, expert in zip(
+                expert_tensors(pool.weights, job.slot),
+                expert_tensors(source, job.expert),
+                strict=True,
+            ):
+                slot.copy_(expert)
         job.mark_issued()
 
     def wait(self, job: CopyJob) -> None:
@@ -91,6 +102,11 @@ class CudaBackend:
         self.last_use: dict[int, torch.cuda.Event] = {}  # slot -> event after its last kernel
 
     def host(self, experts: ExpertWeights) -> ExpertWeights:
+        if experts.is_packed:
+            raise ValueError(
+                "offloading to CUDA copies experts in their plain layout, which the device "
+                "kernels read: load the model without packing its experts"
+            )
         # Pinned pages let the copy engine read host memory directly (and asynchronously).
         return ExpertWeights(experts.gate_up.pin_memory(), experts.down.pin_memory())
 
@@ -159,13 +175,52 @@ def make_backend(device):
     or `device` itself when it is already a backend."""
     if hasattr(device, "copy") and hasattr(device, "wait"):
         return device
-    if device == "auto":
-        device = "cuda" if torch.cuda.is_available() else "cpu"
+    device = resolve_device(device)
     if device == "cpu":
         return CpuBackend()
     if device == "cuda" or device.startswith("cuda:"):
         return CudaBackend(device)
     raise ValueError(f"unknown offload device {device!r} (choose cpu, cuda, cuda:N or auto)")
+
+
+def resolve_device(device: str) -> str:
+    """The offload device a name means ("auto": CUDA when available, else the CPU)."""
+    if device == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    return device
+
+
+def keeps_packed_experts(device: str, dtype) -> bool:
+    """Whether the offload engine on `device` takes a model's `dtype` experts packed for the
+    CPU: on the CPU backend, where they pack in the native pair layout (its tiers copy that
+    layout as it is; oneDNN's is opaque). CUDA copies plain experts."""
+    from moespec.kernels.cpu import cpu_paths
+
+    return resolve_device(device) == "cpu" and cpu_paths().path(dtype) == "native-pairs"
+
+
+def expert_tensors(experts: ExpertWeights, e: int) -> tuple[torch.Tensor, ...]:
+    """The tensors holding expert (or slot) e's bytes: its gate_up and down rows of the
+    stacked tensors, or its two pair-layout weights' packed tensors."""
+    if not experts.is_packed:
+        return experts.gate_up[e], experts.down[e]
+    return experts.packed_gate_up[e].packed, experts.packed_down[e].packed
+
+
+def copyable_layout(experts: ExpertWeights) -> str | None:
+    """Why the offload tiers cannot copy these experts slot by slot (None: they can): plain
+    stacked tensors and the native pair layout can; oneDNN's opaque blocked layout and int8
+    weights cannot."""
+    if not experts.is_packed:
+        return None
+    if all(isinstance(w, PairWeight) for w in experts.packed_gate_up + experts.packed_down):
+        return None
+    kind = type(experts.packed_gate_up[0]).__name__
+    return (
+        f"the experts are held as {kind}, a layout the offload tiers do not copy (plain "
+        "tensors and the native bf16 pair layout only): load the model without packing its "
+        "experts"
+    )
 
 
 def model_expert_bytes(model) -> tuple[int, int]:
@@ -189,12 +244,14 @@ class ExpertStore:
                 "offloading runs plain SwiGLU experts only: these have biases or a clamped "
                 "SwiGLU (gpt-oss), which its expert slots do not hold"
             )
-        shape = (first.gate_up.shape, first.down.shape, first.dtype)
+        shape = (first.gate_up.shape, first.down.shape, first.dtype, first.is_packed)
         for i, w in enumerate(layers):
-            if (w.gate_up.shape, w.down.shape, w.dtype) != shape:
+            if (why := copyable_layout(w)) is not None:
+                raise ValueError(f"MoE layer {i}: {why}")
+            if (w.gate_up.shape, w.down.shape, w.dtype, w.is_packed) != shape:
                 raise ValueError(
-                    f"MoE layer {i} has experts of another shape or dtype than layer 0: the "
-                    "offload cache shares its slots across layers and needs them all alike"
+                    f"MoE layer {i} has experts of another shape, dtype or layout than layer "
+                    "0: the offload cache shares its slots across layers and needs them alike"
                 )
         self.layers = [backend.host(w) for w in layers]
         self.num_layers = len(layers)
@@ -213,10 +270,25 @@ class SlotPool:
 
     def __init__(self, slots: int, like: ExpertWeights, device: torch.device):
         _, two_i, hidden = like.gate_up.shape
-        self.weights = ExpertWeights(
-            torch.empty(slots, two_i, hidden, dtype=like.dtype, device=device),  # [S, 2I, H]
-            torch.empty(slots, hidden, two_i // 2, dtype=like.dtype, device=device),  # [S, H, I]
-        )
+        shapes = ((slots, two_i, hidden), (slots, hidden, two_i // 2))  # [S, 2I, H], [S, H, I]
+        if like.is_packed:  # pair-layout slots, one weight each (the experts' own layout)
+            if device.type != "cpu":
+                raise ValueError("pair-layout expert slots live in host memory: device cpu")
+            self.weights = ExpertWeights(
+                *(torch.empty(shape, dtype=like.dtype, device="meta") for shape in shapes),
+                packed_gate_up=[like.packed_gate_up[0].empty_like() for _ in range(slots)],
+                packed_down=[like.packed_down[0].empty_like() for _ in range(slots)],
+            )
+        else:
+            self.weights = ExpertWeights(
+                *(torch.empty(shape, dtype=like.dtype, device=device) for shape in shapes)
+            )
+        if device.type == "cpu":
+            # Touched once here, so that a copy into a slot is a copy, not a first write that
+            # faults in every page of fresh memory (the pool's pages stay mapped from then on).
+            for slot in range(slots):
+                for tensor in expert_tensors(self.weights, slot):
+                    tensor.zero_()
         self.slots = slots
         self._free = list(range(slots - 1, -1, -1))  # pop() hands out slot 0 first
 

@@ -267,30 +267,32 @@ def _store_bytes(store_bytes: int | None) -> int:
 
 
 def _store_of_experts(
-    hidden_size: int, intermediate_size: int, store_bytes: int, multiple=1, dtype=None
+    hidden_size: int, intermediate_size: int, store_bytes: int, multiple=1, dtype=None, packed=False
 ):
-    """Experts (float32 unless `dtype`) filling `store_bytes` (at least 2, a multiple of
-    `multiple`)."""
+    """Experts (float32 unless `dtype`; packed as `_one_expert` says) filling `store_bytes`
+    (at least 2, a multiple of `multiple`)."""
     import torch
 
     itemsize = (dtype or torch.float32).itemsize
     w = 3 * hidden_size * intermediate_size * itemsize
     count = max(2, -(-store_bytes // w))
-    return _one_expert(hidden_size, intermediate_size, -(-count // multiple) * multiple, dtype)
+    count = -(-count // multiple) * multiple
+    return _one_expert(hidden_size, intermediate_size, count, dtype, packed)
 
 
-def _one_expert(hidden_size: int, intermediate_size: int, count: int = 1, dtype=None):
-    """`count` experts (float32 unless `dtype`) of the given size, unpacked, as the engine's
-    kernels take them."""
+def _one_expert(hidden_size: int, intermediate_size: int, count: int = 1, dtype=None, packed=False):
+    """`count` experts (float32 unless `dtype`) of the given size as the engine's store holds
+    them: unpacked, or with `packed` in the layout `ExpertWeights.pack` gives them here."""
     import torch
 
     from moespec.kernels import ExpertWeights
 
     dtype = dtype or torch.float32
-    return ExpertWeights(
+    experts = ExpertWeights(
         torch.randn(count, 2 * intermediate_size, hidden_size).to(dtype),
         torch.randn(count, hidden_size, intermediate_size).to(dtype),
     )
+    return experts.pack() if packed else experts
 
 
 def _expert_run(experts, tokens: int, expert: int = 0, kernel: str = "dedup", cycle=False):
@@ -323,6 +325,7 @@ def measure_this_machine(
     store_bytes: int | None = None,
     pool_bytes: int | None = None,
     dtype=None,
+    packed: bool = False,
 ) -> HardwareProfile:
     """A CPU-only profile measured here: both tiers are this CPU, the link is a memory copy.
 
@@ -338,10 +341,12 @@ def measure_this_machine(
     The expert is float32 unless `dtype` names the engine's: torch's CPU bf16 matvec paths
     vary by shape by up to 100x, so a bf16 engine is probed in bf16 at its own shape (an
     H200 host's CPU tier ran bf16 experts at 13-16 GB/s, whole steps counted, where an fp32
-    probe read 71). With `kernel` (a moespec expert kernel's name), the fixed times come from
-    that kernel as the engine calls it (`kernel_times`): its time per call and per expert
-    beyond the bytes. Both tiers share one memory bus here, which the timing model does not
-    know: the profile is for relative comparisons.
+    probe read 71); with `packed`, the experts are in the layout `ExpertWeights.pack` gives
+    them, as the engine's store holds a packed model's experts on the CPU. With `kernel` (a
+    moespec expert kernel's name), the fixed times come from that kernel as the engine calls
+    it (`kernel_times`): its time per call and per expert beyond the bytes. Both tiers share
+    one memory bus here, which the timing model does not know: the profile is for relative
+    comparisons.
     """
     import torch
 
@@ -352,7 +357,7 @@ def measure_this_machine(
     store = _store_bytes(store_bytes)
 
     def expert_time(h: int, i: int, tokens: int = 1) -> tuple[float, int]:
-        experts = _store_of_experts(h, i, store, dtype=dtype)
+        experts = _store_of_experts(h, i, store, dtype=dtype, packed=packed)
         run = _expert_run(experts, tokens, cycle=True)
         return _typical_time(run, repeats), experts.bytes_per_expert
 
@@ -364,13 +369,13 @@ def measure_this_machine(
     call = 0.0
     if kernel is not None:  # the engine's kernel: its time per call beyond its experts' time
         call, fixed = kernel_times(
-            kernel, hidden_size, intermediate_size, bandwidth, repeats, store, dtype
+            kernel, hidden_size, intermediate_size, bandwidth, repeats, store, dtype, packed
         )
     # The FLOP rate from the extra time of 16 tokens over 1 (2 FLOP per weight per token).
     batch_seconds, _ = expert_time(hidden_size, intermediate_size, tokens=16)
     itemsize = (dtype or torch.float32).itemsize
     flops = 2 * (nbytes / itemsize) * 15 / max(batch_seconds - seconds, 1e-9)
-    overlap = tier_overlap(hidden_size, intermediate_size, repeats, dtype)
+    overlap = tier_overlap(hidden_size, intermediate_size, repeats, dtype, packed)
     return HardwareProfile(
         name=THIS_MACHINE,
         link_bandwidth=link_bandwidth,
@@ -387,7 +392,8 @@ def measure_this_machine(
         tier_overlap=overlap,
         decisions_on_clock=True,
         note=f"measured with torch {torch.__version__} on {threads} threads"
-        + (f", {dtype} experts" if dtype is not None else ""),
+        + (f", {dtype} experts" if dtype is not None else "")
+        + (", packed" if packed else ""),
         sources=(
             (
                 "link_bandwidth",
@@ -478,11 +484,12 @@ def kernel_times(
     repeats=31,
     store_bytes: int | None = None,
     dtype=None,
+    packed: bool = False,
 ):
     """(s per call, s per expert beyond its bytes at `bandwidth`) of a moespec expert kernel
     as the engine calls a tier: U rows, one expert each (U = 1 and 4), experts (float32
-    unless `dtype`) taken in turn from a store of `store_bytes` (see `_store_bytes`); medians
-    of `repeats` calls."""
+    unless `dtype`; packed with `packed`) taken in turn from a store of `store_bytes` (see
+    `_store_bytes`); medians of `repeats` calls."""
     import itertools
 
     import torch
@@ -491,7 +498,7 @@ def kernel_times(
 
     run_kernel, count = get_kernel(kernel), 4
     store = _store_bytes(store_bytes)
-    experts = _store_of_experts(hidden_size, intermediate_size, store, count, dtype)
+    experts = _store_of_experts(hidden_size, intermediate_size, store, count, dtype, packed)
     w = experts.bytes_per_expert
 
     def timed(rows: int) -> float:
@@ -511,13 +518,15 @@ def kernel_times(
     return max(one - per_expert - w / bandwidth, 0.0), per_expert
 
 
-def tier_overlap(hidden_size: int, intermediate_size: int, repeats: int = 31, dtype=None) -> float:
+def tier_overlap(
+    hidden_size: int, intermediate_size: int, repeats: int = 31, dtype=None, packed=False
+) -> float:
     """How far two tiers' expert work overlaps on this machine, in [0, 1]: the engine's kernel
     on one expert alone (t1) against two experts at once in two threads (t2), 2 - t2 / t1 (1:
     in parallel, as two devices; 0: one after the other, as on one busy core)."""
     import threading
 
-    experts = _one_expert(hidden_size, intermediate_size, 2, dtype)
+    experts = _one_expert(hidden_size, intermediate_size, 2, dtype, packed)
     runs = [_expert_run(experts, 1, expert) for expert in (0, 1)]
 
     def product(run, times=20):
