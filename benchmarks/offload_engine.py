@@ -659,6 +659,7 @@ def expert_profile(
         accelerator_bandwidth=w / per_expert,
         accelerator_expert_time=0.0,
         accelerator_flops=1e15,
+        tier_overlap=1.0,  # the device computes beside the host (the CPU probe: two threads)
         note=f"{cpu.note}; link and accelerator measured on {torch.cuda.get_device_name(device)}",
     )
 

@@ -140,3 +140,39 @@ def test_recorded_shares_are_the_counts_of_each_threshold(case):
         hot_experts = sum(1 for u, _ in rows if u >= tau)
         assert balancer.cpu_share[0, tau - 1] == cold_slots / total
         assert balancer.gpu_share[0, tau - 1] == hot_experts / len(rows)
+
+
+# Beyond the paper: tiers on one processor (serial > 0). K = 3; tau = 1..3, and 4 = no prefetch.
+SERIAL_CASE = dict(
+    prefetch_counts=[6, 3, 1],
+    io_capacity=100.0,
+    memory_capacity=[10, 10, 10],
+    cpu_times=[0.2, 0.5, 0.8],  # T_cpu(tau): more of the pass on the CPU as tau rises
+    gpu_times=[0.8, 0.5, 0.2],
+)
+
+
+def test_tiers_on_one_processor_prefetch_nothing_when_a_copy_wins_nothing_back():
+    # Equal work either way (T_cpu + T_gpu = 1.0 at every tau, all on the CPU 1.0): each copy
+    # only adds its 0.1 s, so the layer's time is 1.0 + 0.1 n(tau) and no prefetch is best.
+    choice = solve_threshold(**SERIAL_CASE, serial=1.0, copy_seconds=0.1, all_cpu_seconds=1.0)
+    assert (choice.tau, choice.objective) == (4, 1.0)
+
+
+def test_tiers_on_one_processor_still_prefetch_what_a_faster_accelerator_wins_back():
+    # The accelerator does its share in a tenth of the time: tau = 1 takes 0.2 + 0.08 + 0.06
+    # (against 0.58, 0.83 and 1.0).
+    fast = {**SERIAL_CASE, "gpu_times": [0.08, 0.05, 0.02]}
+    choice = solve_threshold(**fast, serial=1.0, copy_seconds=0.01, all_cpu_seconds=1.0)
+    assert choice.tau == 1
+    assert choice.objective == pytest.approx(0.2 + 0.08 + 6 * 0.01)
+    # Half of the shorter tier hidden: max + 0.5 (min + n copy), tau = 1 again (0.27 against
+    # 0.54, 0.81 and 1.0).
+    half = solve_threshold(**fast, serial=0.5, copy_seconds=0.01, all_cpu_seconds=1.0)
+    assert half.tau == 1 and half.objective == pytest.approx(0.2 + 0.5 * (0.08 + 0.06))
+
+
+def test_a_device_of_its_own_keeps_the_papers_objective_and_candidates():
+    # serial = 0: |T_cpu - T_gpu|, least at tau = 2 (0.0); no-prefetch is never a candidate.
+    choice = solve_threshold(**SERIAL_CASE, copy_seconds=0.1, all_cpu_seconds=0.0)
+    assert (choice.tau, choice.objective) == (2, 0.0)

@@ -154,7 +154,7 @@ RESULTS = [
         ("offload_engine_olmoe2L.json",),
         (
             "python benchmarks/offload_engine.py --synthetic olmoe-1b-7b --layers 2 --dtype bf16 "
-            "--tokens 32 --repeats 3 --policies lru,spac,static "
+            "--tokens 96 --repeats 3 --policies lru,spac,static "
             f"--out {RESULTS_DIR}/offload_engine_olmoe2L.json --force",
         ),
         1.5,

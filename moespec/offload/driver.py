@@ -128,8 +128,10 @@ class LayerDriver:
         self.stats = OffloadStats()
         self.preload_bytes = 0
 
-    def start(self, *, draft_length: int, top_k: int) -> None:
-        """Reset the policy on the cache; what it preloads counts as `preload_bytes`."""
+    def start(self, *, draft_length: int, top_k: int, tier_overlap: float = 1.0) -> None:
+        """Reset the policy on the cache, telling it how far the tiers' work overlaps
+        (`OffloadPolicy.tier_overlap`); what it preloads counts as `preload_bytes`."""
+        self.policy.tier_overlap = float(tier_overlap)
         self.policy.reset(self.cache, draft_length=draft_length, top_k=top_k)
         self.preload_bytes = self.cache.used_bytes
 

@@ -164,7 +164,12 @@ class OffloadEngine:
                 )
             self.policy.fit(trace)
         with self.lock:
-            self.driver.start(draft_length=self.draft_length, top_k=self.top_k)
+            # On the CPU both tiers are this processor, one after the other (the CPU tier
+            # inline), and the link thread shares its cores: no overlap.
+            overlap = 0.0 if self.backend.device.type == "cpu" else 1.0
+            self.driver.start(
+                draft_length=self.draft_length, top_k=self.top_k, tier_overlap=overlap
+            )
             for layer, expert in np.argwhere(self.cache.present):
                 slot = self.slot_of[layer, expert] = self.pool.take()
                 job = CopyJob(int(layer), int(expert), slot, "preload")

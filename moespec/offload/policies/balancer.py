@@ -19,6 +19,14 @@ spread above 1, so we keep averaging after it), and the unit times from the call
 the balancer starts choosing after `warmup_steps` steps. With K <= 8 values, the
 problem is solved exactly by enumeration; when no tau meets both constraints, the least
 violating one is taken (fewest experts beyond the tighter constraint), and the choice says so.
+
+Beyond the paper, for tiers that share one processor (`serial` s > 0: the share of the shorter
+tier's work not hidden under the longer one, 1 - the measured tier overlap; the CPU engine's
+tiers run one after the other and its link thread takes the same cores): the objective is the
+layer's time, max(T_cpu, T_gpu) + s min(T_cpu, T_gpu) + s n(tau) T^u_io (the copies on the
+compute's cores), and tau = K + 1, no prefetch at all, is a candidate too. With s = 0 (a device
+of its own) the objective and the candidates are the paper's. On the CPU engine, where a copy
+makes no expert faster to compute, this keeps SpAc from copying what it cannot win back.
 """
 
 from dataclasses import dataclass
@@ -31,23 +39,41 @@ class ThresholdChoice:
     tau: int
     feasible: bool
     violation: float  # experts beyond the tighter of the I/O and memory capacities (0: feasible)
-    objective: float  # |T_cpu - T_gpu| at tau
+    objective: float  # |T_cpu - T_gpu| at tau (serial tiers: the layer's time, see the module)
 
 
 def solve_threshold(
-    prefetch_counts, io_capacity: float, memory_capacity, cpu_times, gpu_times
+    prefetch_counts,
+    io_capacity: float,
+    memory_capacity,
+    cpu_times,
+    gpu_times,
+    *,
+    serial: float = 0.0,
+    copy_seconds: float = 0.0,
+    all_cpu_seconds: float | None = None,
 ) -> ThresholdChoice:
     """Exact solution by enumeration; every array is indexed by tau - 1 for tau = 1..K.
 
     prefetch_counts: n(tau); io_capacity: experts the link moves in the window;
     memory_capacity: experts that fit in VRAM left(tau); cpu/gpu_times: T_cpu(tau), T_gpu(tau).
-    Order: least violation, then least |T_cpu - T_gpu|, then the smallest tau.
+    Order: least violation, then the least objective, then the smallest tau. The objective is
+    |T_cpu - T_gpu|; with `serial` s > 0, the layer's time max + s min + s n(tau) copy_seconds,
+    and tau = K + 1 (nothing prefetched; T_cpu = `all_cpu_seconds`, T_gpu = 0) a candidate.
     """
+    candidates = [
+        (float(prefetch_counts[i]), memory_capacity[i], float(cpu_times[i]), float(gpu_times[i]))
+        for i in range(len(prefetch_counts))
+    ]
+    if serial > 0 and candidates and all_cpu_seconds is not None:
+        candidates.append((0.0, float("inf"), float(all_cpu_seconds), 0.0))
     best = None
-    for i in range(len(prefetch_counts)):
-        limit = min(io_capacity, memory_capacity[i])
-        violation = max(0.0, float(prefetch_counts[i]) - float(limit))
-        objective = abs(float(cpu_times[i]) - float(gpu_times[i]))
+    for i, (count, memory, cpu, gpu) in enumerate(candidates):
+        violation = max(0.0, count - float(min(io_capacity, memory)))
+        if serial > 0:
+            objective = max(cpu, gpu) + serial * (min(cpu, gpu) + count * copy_seconds)
+        else:
+            objective = abs(cpu - gpu)
         key = (violation, objective, i + 1)
         if best is None or key < best:
             best = key
@@ -96,11 +122,24 @@ class WorkloadBalancer:
         slots: int,
         cpu_per_slot: float,
         gpu_per_expert: float,
+        serial: float = 0.0,
+        copy_seconds: float = 0.0,
     ) -> ThresholdChoice:
+        """tau for `layer` (module docstring); `serial`, `copy_seconds`: tiers on one
+        processor, and the time of a copy there."""
         passes = max(self.passes[layer], 1)
         cpu = self.cpu_share[layer] / passes * slots * cpu_per_slot
         gpu = self.gpu_share[layer] / passes * (self.distinct[layer] / passes) * gpu_per_expert
-        choice = solve_threshold(prefetch_counts, io_capacity, memory_capacity, cpu, gpu)
+        choice = solve_threshold(
+            prefetch_counts,
+            io_capacity,
+            memory_capacity,
+            cpu,
+            gpu,
+            serial=serial,
+            copy_seconds=copy_seconds,
+            all_cpu_seconds=slots * cpu_per_slot,
+        )
         self.choices += 1
         self.tau_sum += choice.tau
         self.infeasible += not choice.feasible

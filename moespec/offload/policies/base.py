@@ -194,6 +194,10 @@ class OffloadPolicy:
 
     name = "policy"
     speculative = True  # False: the simulator runs plain decoding (one token per step)
+    # The share of the shorter tier's work hidden under the longer one (set by the driver at
+    # start: 1 where the accelerator is a device of its own, 0 where both tiers and the link
+    # run on one processor, as the CPU engine's do).
+    tier_overlap = 1.0
 
     def fit(self, trace) -> "OffloadPolicy":
         """Slot counts per (layer, expert) over a fit split of routing: frequencies_ [L, N]."""

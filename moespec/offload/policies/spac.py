@@ -12,7 +12,10 @@ Per layer l of a pass:
   victims     lowest utility first, LRU within a utility, and only below the incoming
               expert's utility (a prefetch never displaces an expert at least as hot).
 
-Ablations (seed 003 Table 2) are `SpAcConfig` switches; see `ABLATIONS`.
+Ablations (seed 003 Table 2) are `SpAcConfig` switches; see `ABLATIONS`. Beyond the paper:
+where the driver says the tiers share one processor (`tier_overlap` below 1: the CPU engine),
+the balancer weighs the layer's whole time, copies included, and may prefetch nothing
+(balancer.py).
 """
 
 from dataclasses import dataclass, replace
@@ -193,6 +196,8 @@ class SpAcPolicy(OffloadPolicy):
             slots=self._n_tokens * self.top_k,
             cpu_per_slot=known[0],
             gpu_per_expert=known[1],
+            serial=1.0 - self.tier_overlap,  # beyond the paper: tiers on one processor
+            copy_seconds=per_copy or 0.0,
         )
         return choice.tau
 

@@ -309,7 +309,9 @@ class _Run:
         self.link = _Link(self.costs, self.log)
         self.driver = self.link.driver = LayerDriver(self.cache, policy, self.link)
         self.k = s.draft_length if policy.speculative else 0
-        self.driver.start(draft_length=self.k, top_k=trace.top_k)
+        self.driver.start(
+            draft_length=self.k, top_k=trace.top_k, tier_overlap=self.costs.tier_overlap
+        )
         self.rng = np.random.default_rng(s.seed)
         self.stop_rng = np.random.default_rng([s.seed, 2])  # the draft stops' draws
         self.accuracy = AccuracyMeter(trace.num_layers)
