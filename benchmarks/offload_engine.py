@@ -475,7 +475,7 @@ class ExpertBench(Bench):
         self.hidden, self.dtype = hidden, dtype
         # In memory: every expert on the device (for a CUDA run, they must fit there).
         self.resident = [
-            e if e.is_packed else ExpertWeights(e.gate_up.to(args.device), e.down.to(args.device))
+            e if args.device == "cpu" else device_experts(e, args.device)
             for e in self.experts.values()
         ]
         self.sim_settings = dict(
@@ -563,6 +563,12 @@ class ExpertBench(Bench):
         return engine
 
 
+def device_experts(experts: ExpertWeights, device: str) -> ExpertWeights:
+    """The experts plain on `device` (unpacked first where the store holds a CPU layout)."""
+    plain = experts.to(experts.dtype) if experts.is_packed else experts
+    return ExpertWeights(plain.gate_up.to(device), plain.down.to(device))
+
+
 def expert_row(tokens: int, steps: int, seconds: float, totals: dict | None) -> dict:
     row = {
         "tokens_per_second": tokens / seconds,
@@ -616,6 +622,8 @@ def expert_profile(
     )
     if device == "cpu":
         return cpu
+    if experts.is_packed:  # the device parts: plain experts, as the slots hold them
+        experts = experts.to(experts.dtype)
     host = ExpertWeights(experts.gate_up[:1].pin_memory(), experts.down[:1].pin_memory())
     slot = ExpertWeights(host.gate_up.to(device), host.down.to(device))
     w = experts.bytes_per_expert

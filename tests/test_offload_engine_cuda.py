@@ -1,6 +1,7 @@
 """The CUDA backend's ordering, exercised without a GPU: streams and events are stand-ins that
 log what waits on what, the tensors stay on the CPU. A kernel must wait for its expert's copy;
-a copy into a reused slot must wait for the last kernel that read the slot."""
+a copy into a reused slot must wait for the last kernel that read the slot. A store in the
+native pair layout fills plain slots, as the device kernels read them."""
 
 import contextlib
 import itertools
@@ -10,10 +11,11 @@ import pytest
 import torch
 
 from moespec.decoding import DraftLengthPolicy, KernelPolicy, OracleDrafter, generate
+from moespec.kernels.cpu import cpu_paths
 from moespec.models import load_model
 from moespec.offload import make_policy
 from moespec.offload.engine.executor import OffloadEngine
-from moespec.offload.engine.tiers import CudaBackend
+from moespec.offload.engine.tiers import CudaBackend, keeps_packed_experts
 
 PROMPT = [5, 17, 33, 2, 5, 17, 40, 41]
 
@@ -124,3 +126,55 @@ def test_cuda_ordering_of_copies_and_kernels(model, fake_cuda):
     waits_on_copy_stream = [e[2] for e in fake_cuda.entries if e[:2] == ("wait", "copy")]
     assert guarded > 0 and len(waits_on_copy_stream) == guarded
     assert all(recorded_on[event] == "compute" for event in waits_on_copy_stream)
+
+
+@pytest.mark.skipif(
+    cpu_paths().bf16 != "native-pairs",
+    reason=f"bf16 runs {cpu_paths().bf16} here, not the native pair layout the store would hold",
+)
+def test_a_pair_layout_store_fills_plain_device_slots(checkpoint_dir, fake_cuda):
+    # The CPU tier computes from the store in the native pair layout; the copies move those
+    # bytes and lay them out plain where they land, as the device kernels read them.
+    packed = load_model(checkpoint_dir("qwen3_moe")[0], dtype="bf16")[0]
+    assert keeps_packed_experts("cuda", torch.bfloat16)
+    kernels = KernelPolicy("slot")
+    reference = [
+        t for r in generate(packed, PROMPT, max_tokens=12, kernels=kernels) for t in r.tokens
+    ]
+    backend = LoggedCudaBackend("cpu")
+    backend.log = fake_cuda
+    experts = next(iter(packed.moe_blocks.values())).experts
+    drafter = OracleDrafter(reference, len(PROMPT), 0.6, packed.config.vocab_size, seed=1)
+    budget = len(packed.moe_blocks) * experts.num_experts * experts.bytes_per_expert // 4
+    with OffloadEngine.for_model(
+        packed, make_policy("spac"), budget, draft_length=3, device=backend
+    ) as engine:
+        records = generate(
+            packed,
+            PROMPT,
+            max_tokens=12,
+            kernels=kernels,
+            offload=engine,
+            drafter=drafter,
+            draft_policy=DraftLengthPolicy(3),
+        )
+        assert [t for r in records for t in r.tokens] == reference
+        assert engine.store.layers[0].is_packed and not engine.pool.weights.is_packed
+        present = engine.cache.present.nonzero()
+        assert len(present[0]) > 0
+        for layer, expert in zip(*present, strict=True):
+            slot = engine.slot_of[layer, expert]
+            gate_up, down = engine.store.layers[layer].dense_weights(expert)
+            assert torch.equal(engine.pool.weights.gate_up[slot], gate_up)
+            assert torch.equal(engine.pool.weights.down[slot], down)
+
+
+@pytest.mark.parametrize("shape", [(128, 64), (70, 33)], ids=["whole-groups", "padded"])
+def test_a_pair_layout_weight_lands_plain_where_it_is_copied(shape):
+    # What a CUDA copy does on the device: the pair-layout bytes laid out as [out, in] again.
+    from moespec.kernels.native import pack_pairs, unpack_pairs_into
+
+    weight = torch.randn(shape).to(torch.bfloat16)
+    out = torch.empty(shape, dtype=torch.bfloat16)
+    unpack_pairs_into(out, pack_pairs(weight))
+    assert torch.equal(out, weight)

@@ -274,13 +274,20 @@ class PairWeight:
         """The weight in its ordinary [out, in] layout (a copy)."""
         return unpack_pairs(self.packed, self.shape)
 
+    def holding(self, packed: torch.Tensor) -> "PairWeight":
+        """A weight of this shape whose pair-layout bytes are `packed` (a slot's, or a pinned
+        copy of these)."""
+        if packed.shape != self.packed.shape or packed.dtype != self.packed.dtype:
+            raise ValueError(f"pair layout {tuple(self.packed.shape)} wanted, got {packed.shape}")
+        other = PairWeight.__new__(PairWeight)
+        other.packed = packed
+        other.shape, other.dtype, other.nbytes = self.shape, self.dtype, self.nbytes
+        return other
+
     def empty_like(self) -> "PairWeight":
         """A weight of the same shape and layout, its bytes uninitialised (a slot to copy
         another such weight's `packed` into)."""
-        other = PairWeight.__new__(PairWeight)
-        other.packed = torch.empty_like(self.packed)
-        other.shape, other.dtype, other.nbytes = self.shape, self.dtype, self.nbytes
-        return other
+        return self.holding(torch.empty_like(self.packed))
 
 
 def pairs_product(x: torch.Tensor, weight: PairWeight, threads: int | None = None):
@@ -322,6 +329,17 @@ def unpack_pairs(packed: torch.Tensor, shape: tuple[int, int]) -> torch.Tensor:
     out, inp = shape
     rows = packed.permute(0, 2, 1, 3).reshape(-1, packed.shape[1] * 2)
     return rows[:out, :inp].contiguous()
+
+
+def unpack_pairs_into(out: torch.Tensor, packed: torch.Tensor) -> None:
+    """Write the [out, in] weight that `pack_pairs` laid out as `packed` into `out`, on
+    whatever device both are (one strided copy where no padding was added)."""
+    rows, cols = out.shape
+    groups, pairs = packed.shape[:2]
+    if rows == groups * PAIR_GROUP and cols == 2 * pairs:
+        out.view(groups, PAIR_GROUP, pairs, 2).copy_(packed.permute(0, 2, 1, 3))
+    else:
+        out.copy_(packed.permute(0, 2, 1, 3).reshape(-1, 2 * pairs)[:rows, :cols])
 
 
 def _threads(threads: int | None) -> int:

@@ -119,7 +119,10 @@ class OffloadEngine:
         expert_cache_budget(self.store.total_bytes, w, nbytes=budget_bytes)  # one expert at least
         self.budget_bytes = int(budget_bytes)
         self.pool = SlotPool(
-            min(self.budget_bytes // w, layers * n), self.store.layers[0], self.backend.device
+            min(self.budget_bytes // w, layers * n),
+            self.store.layers[0],
+            self.backend.device,
+            plain=getattr(self.backend, "plain_slots", False),
         )
         self.cache = ExpertCache([w] * layers, n, self.budget_bytes)
         self.slot_of = np.full((layers, n), -1, dtype=np.int64)  # [L, N]

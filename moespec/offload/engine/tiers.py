@@ -14,10 +14,11 @@ and is tested everywhere. There the store may hold its experts in the native pai
 bf16 path is "native-pairs"): the pool's slots are pair-layout weights too, a copy moves the
 same bytes, and both tiers run the in-memory engine's products (the pair loops ran 1.4-3.6x
 the library's unpacked bf16 product at 1-9 rows on an AVX2 host, 2.65x at one row on an
-AVX-512-BF16 one: benchmarks/cpu_paths.py). `CudaBackend`: the store pinned (plain experts,
-the layout the device kernels read), copies on a copy stream, a CUDA event per copy (a kernel
-waits for it on the device, not on the host) and per slot use (a copy into a reused slot waits
-for the last kernel that read the slot).
+AVX-512-BF16 one: benchmarks/cpu_paths.py). `CudaBackend`: the store pinned (in the pair
+layout too where it is packed: the CPU tier reads it), plain slots (what the device kernels
+read; a pair-layout expert is laid out plain on the device as it lands, `SlotPool.fill`),
+copies on a copy stream, a CUDA event per copy (a kernel waits for it on the device, not on
+the host) and per slot use (a copy into a reused slot waits for the last kernel that read it).
 
 The budget rule is the layer driver's (`moespec.offload.driver.expert_cache_budget`).
 """
@@ -30,7 +31,7 @@ from dataclasses import dataclass
 import torch
 
 from moespec.kernels import ExpertWeights
-from moespec.kernels.native import PairWeight
+from moespec.kernels.native import PairWeight, unpack_pairs_into
 
 
 @dataclass(eq=False)
@@ -65,18 +66,14 @@ class CpuBackend:
 
     name = "cpu"
     device = torch.device("cpu")
+    plain_slots = False  # slots in the store's own layout (the pair layout where it is packed)
 
     def host(self, experts: ExpertWeights) -> ExpertWeights:
         return experts  # the model's own tensors are the store: nothing is duplicated
 
     def copy(self, pool: "SlotPool", job: CopyJob, source: ExpertWeights) -> None:
         with torch.no_grad():
-            for slot, expert in zip(
-                expert_tensors(pool.weights, job.slot),
-                expert_tensors(source, job.expert),
-                strict=True,
-            ):
-                slot.copy_(expert)
+            pool.fill(job.slot, source, job.expert)
         job.mark_issued()
 
     def wait(self, job: CopyJob) -> None:
@@ -93,6 +90,7 @@ class CudaBackend:
     """Copies on a stream of their own from pinned host memory, ordered by CUDA events."""
 
     name = "cuda"
+    plain_slots = True  # the device kernels read plain [2I, H] and [H, I] slots
 
     def __init__(self, device: str = "cuda"):
         if not torch.cuda.is_available():
@@ -102,21 +100,24 @@ class CudaBackend:
         self.last_use: dict[int, torch.cuda.Event] = {}  # slot -> event after its last kernel
 
     def host(self, experts: ExpertWeights) -> ExpertWeights:
-        if experts.is_packed:
-            raise ValueError(
-                "offloading to CUDA copies experts in their plain layout, which the device "
-                "kernels read: load the model without packing its experts"
-            )
         # Pinned pages let the copy engine read host memory directly (and asynchronously).
-        return ExpertWeights(experts.gate_up.pin_memory(), experts.down.pin_memory())
+        if not experts.is_packed:
+            return ExpertWeights(experts.gate_up.pin_memory(), experts.down.pin_memory())
+        # The pair layout: the CPU tier's native products read it; a copy moves its bytes
+        # and lays them out plain on the device (SlotPool.fill).
+        return ExpertWeights(
+            experts.gate_up,
+            experts.down,
+            packed_gate_up=[w.holding(w.packed.pin_memory()) for w in experts.packed_gate_up],
+            packed_down=[w.holding(w.packed.pin_memory()) for w in experts.packed_down],
+        )
 
     def copy(self, pool: "SlotPool", job: CopyJob, source: ExpertWeights) -> None:
         after = self.last_use.pop(job.slot, None)
         with torch.cuda.stream(self.copy_stream):
             if after is not None:
                 self.copy_stream.wait_event(after)  # the slot's last reader has finished
-            pool.weights.gate_up[job.slot].copy_(source.gate_up[job.expert], non_blocking=True)
-            pool.weights.down[job.slot].copy_(source.down[job.expert], non_blocking=True)
+            pool.fill(job.slot, source, job.expert, non_blocking=True)
             job.event = torch.cuda.Event()
             job.event.record(self.copy_stream)
         job.mark_issued()
@@ -191,12 +192,13 @@ def resolve_device(device: str) -> str:
 
 
 def keeps_packed_experts(device: str, dtype) -> bool:
-    """Whether the offload engine on `device` takes a model's `dtype` experts packed for the
-    CPU: on the CPU backend, where they pack in the native pair layout (its tiers copy that
-    layout as it is; oneDNN's is opaque). CUDA copies plain experts."""
+    """Whether the offload engine takes a model's `dtype` experts packed for the CPU: where
+    they pack in the native pair layout (the tiers copy its bytes; oneDNN's layout is opaque).
+    On the CPU the slots hold that layout too; on CUDA they are plain (`SlotPool`)."""
     from moespec.kernels.cpu import cpu_paths
 
-    return resolve_device(device) == "cpu" and cpu_paths().path(dtype) == "native-pairs"
+    on = resolve_device(device).split(":")[0]
+    return on in ("cpu", "cuda") and cpu_paths().path(dtype) == "native-pairs"
 
 
 def expert_tensors(experts: ExpertWeights, e: int) -> tuple[torch.Tensor, ...]:
@@ -266,12 +268,23 @@ class ExpertStore:
 
 class SlotPool:
     """S expert slots on the device, allocated once; `weights` is the pool as one ExpertWeights
-    (a kernel given slot indices as expert ids computes cached experts where they lie)."""
+    (a kernel given slot indices as expert ids computes cached experts where they lie).
 
-    def __init__(self, slots: int, like: ExpertWeights, device: torch.device):
+    The slots hold experts in the store's layout, or with `plain` (a device's kernels read
+    plain tensors) as stacked [S, 2I, H] and [S, H, I] tensors whatever the store holds: a
+    pair-layout expert then crosses into a staging buffer of its own layout on the device and
+    is laid out plain there (`fill`)."""
+
+    def __init__(self, slots: int, like: ExpertWeights, device: torch.device, plain=False):
         _, two_i, hidden = like.gate_up.shape
         shapes = ((slots, two_i, hidden), (slots, hidden, two_i // 2))  # [S, 2I, H], [S, H, I]
-        if like.is_packed:  # pair-layout slots, one weight each (the experts' own layout)
+        self.staging = None
+        if like.is_packed and plain:
+            self.staging = tuple(
+                torch.empty_like(w[0].packed, device=device)
+                for w in (like.packed_gate_up, like.packed_down)
+            )
+        if like.is_packed and not plain:  # pair-layout slots, one weight each
             if device.type != "cpu":
                 raise ValueError("pair-layout expert slots live in host memory: device cpu")
             self.weights = ExpertWeights(
@@ -291,6 +304,18 @@ class SlotPool:
                     tensor.zero_()
         self.slots = slots
         self._free = list(range(slots - 1, -1, -1))  # pop() hands out slot 0 first
+
+    def fill(self, slot: int, source: ExpertWeights, e: int, non_blocking=False) -> None:
+        """Copy expert e of `source` (the store) into `slot`: byte for byte where both hold one
+        layout, else its pair-layout bytes through the staging buffer, laid out plain."""
+        targets = expert_tensors(self.weights, slot)
+        if self.staging is None:
+            for target, expert in zip(targets, expert_tensors(source, e), strict=True):
+                target.copy_(expert, non_blocking=non_blocking)
+            return
+        for target, stage, weight in zip(targets, self.staging, source.weights(e), strict=True):
+            stage.copy_(weight.packed, non_blocking=non_blocking)
+            unpack_pairs_into(target, stage)  # after the bytes, on the same stream
 
     @property
     def used(self) -> int:
