@@ -157,7 +157,7 @@ RESULTS = [
             "--tokens 96 --repeats 3 --policies lru,spac,static "
             f"--out {RESULTS_DIR}/offload_engine_olmoe2L.json --force",
         ),
-        1.5,
+        2,
     ),
     Result(
         "policy-overhead",

@@ -144,11 +144,12 @@ def load_model(
     Every tensor is checked (present, float, right shape) before the model exists; an error
     names the file and the tensor. pack: re-lay the large weights out for the CPU's fastest
     library path (moespec.kernels.linear); off to compare against the library's default
-    path. pack_experts: with `pack`, the experts too (off where an engine copies them in
-    their plain layout: offloading to CUDA). weights: "int8" quantizes
-    the experts, the attention projections, dense MLPs and the head at load (one scale per
-    output channel; moespec.kernels.quant), "int8-experts" the experts alone; routers, norms
-    and embeddings stay in `dtype`; None or the dtype's own name keeps every weight in it.
+    path. pack_experts: with `pack`, the experts too (off where the offload engine cannot
+    copy the layout they would take: `offload.engine.tiers.keeps_packed_experts`). weights:
+    "int8" quantizes the experts, the attention projections, dense MLPs and the head at load
+    (one scale per output channel; moespec.kernels.quant), "int8-experts" the experts alone;
+    routers, norms and embeddings stay in `dtype`; None or the dtype's own name keeps every
+    weight in it.
     """
     path = Path(path)
     config = load_config(path)

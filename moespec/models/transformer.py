@@ -173,7 +173,7 @@ class Transformer:
     def pack(self, experts: bool = True) -> "Transformer":
         """Re-lay every large weight out for the CPU's fastest library path (in place; same
         bytes, same results): attention, dense MLPs, the output head and, with `experts`,
-        every expert (an engine that copies plain experts by hand keeps them as they are).
+        every expert (the offload engine keeps experts plain where it cannot copy their layout).
         A head tied to the embeddings is packed as a copy (the lookup needs the table)."""
         for layer in self.layers:
             layer.attention.pack()
