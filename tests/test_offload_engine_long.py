@@ -21,7 +21,10 @@ def tensors_alive() -> int:
     return sum(issubclass(type(o), torch.Tensor) for o in gc.get_objects())
 
 
-@pytest.mark.parametrize("policy", ["spac", "lru"])
+# SpAc with its threshold fixed: on the CPU engine the full balancer sees both tiers on one
+# processor and rightly prefetches nothing after warm-up, which would leave the prefetch and
+# cancel path unexercised.
+@pytest.mark.parametrize("policy", ["spac-static-tau", "lru"])
 def test_ten_thousand_steps_hold_steady_memory_and_budget(policy):
     torch.manual_seed(0)
     experts = {
