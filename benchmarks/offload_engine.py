@@ -271,8 +271,8 @@ class CheckpointBench(Bench):
             from moespec.demo import demo_paths
 
             args.model = demo_paths()[0]
-        # Packed as a user's run holds it: the experts too where the engine copies them in
-        # their packed layout (the CPU; CUDA copies plain experts). Every arm runs the eager
+        # Packed as a user's run holds it: the experts too where the engine copies their
+        # packed layout (the pair layout: `keeps_packed_experts`). Every arm runs the eager
         # pass: an offloaded layer calls the executor, so the in-memory arms (the calibration
         # point among them) run the same code around their kernels, not the native pass.
         packed = keeps_packed_experts(args.device, args.dtype)
