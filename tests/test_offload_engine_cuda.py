@@ -66,6 +66,22 @@ class LoggedCudaBackend(CudaBackend):
             self.log.add("used", int(slot), self.last_use[int(slot)].id)
 
 
+def offloaded_tokens(model, engine, reference, kernels) -> list[int]:
+    """The greedy tokens of an oracle-drafted (k = 3) run through `engine`, as long as
+    `reference`."""
+    drafter = OracleDrafter(reference, len(PROMPT), 0.6, model.config.vocab_size, seed=1)
+    records = generate(
+        model,
+        PROMPT,
+        max_tokens=len(reference),
+        kernels=kernels,
+        offload=engine,
+        drafter=drafter,
+        draft_policy=DraftLengthPolicy(3),
+    )
+    return [t for r in records for t in r.tokens]
+
+
 @pytest.fixture(scope="module")
 def model(checkpoint_dir):
     """Loaded (and transformers imported, by the checkpoint) before torch.cuda is faked."""
@@ -93,20 +109,10 @@ def test_cuda_ordering_of_copies_and_kernels(model, fake_cuda):
     backend = LoggedCudaBackend("cpu")  # the device's tensors live on the CPU here
     backend.log = fake_cuda
     w = next(iter(model.moe_blocks.values())).experts.bytes_per_expert
-    drafter = OracleDrafter(reference, len(PROMPT), 0.6, model.config.vocab_size, seed=1)
     with OffloadEngine.for_model(
         model, make_policy("lru"), 3 * w, draft_length=3, device=backend
     ) as engine:
-        records = generate(
-            model,
-            PROMPT,
-            max_tokens=16,
-            kernels=kernels,
-            offload=engine,
-            drafter=drafter,
-            draft_policy=DraftLengthPolicy(3),
-        )
-        assert [t for r in records for t in r.tokens] == reference
+        assert offloaded_tokens(model, engine, reference, kernels) == reference
 
     recorded_on = {}  # event id -> stream it was recorded on
     last_reader = {}  # slot -> event after the last kernel that read it
@@ -144,21 +150,11 @@ def test_a_pair_layout_store_fills_plain_device_slots(checkpoint_dir, fake_cuda)
     backend = LoggedCudaBackend("cpu")
     backend.log = fake_cuda
     experts = next(iter(packed.moe_blocks.values())).experts
-    drafter = OracleDrafter(reference, len(PROMPT), 0.6, packed.config.vocab_size, seed=1)
     budget = len(packed.moe_blocks) * experts.num_experts * experts.bytes_per_expert // 4
     with OffloadEngine.for_model(
         packed, make_policy("spac"), budget, draft_length=3, device=backend
     ) as engine:
-        records = generate(
-            packed,
-            PROMPT,
-            max_tokens=12,
-            kernels=kernels,
-            offload=engine,
-            drafter=drafter,
-            draft_policy=DraftLengthPolicy(3),
-        )
-        assert [t for r in records for t in r.tokens] == reference
+        assert offloaded_tokens(packed, engine, reference, kernels) == reference
         assert engine.store.layers[0].is_packed and not engine.pool.weights.is_packed
         present = engine.cache.present.nonzero()
         assert len(present[0]) > 0

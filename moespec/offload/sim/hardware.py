@@ -431,9 +431,9 @@ def link_times(
     two points on t = latency + bytes / bandwidth. The fetches read a store of `store_bytes`
     and write a slot pool of `pool_bytes` (the engine's expert bytes and cache budget; each
     twice the last-level cache by default, at most four times it: `_store_bytes`): whether
-    the engine's copies meet the cache depends on both. The pool is written once first, as
-    the engine's slots are after warm-up. The median, not the best: the engine pays the
-    hand-off it gets, and a thread's wake-up varies.
+    the engine's copies meet the cache depends on both. The pool is written once first
+    (`SlotPool` does it at creation), as the engine's slots are after warm-up. The median, not
+    the best: the engine pays the hand-off it gets, and a thread's wake-up varies.
     """
     import statistics
     import threading
@@ -450,7 +450,6 @@ def link_times(
         backend, lock = CpuBackend(), threading.Condition()
         store = ExpertStore([experts], backend)
         pool = SlotPool(slots, experts, backend.device)
-        pool.weights.gate_up.zero_(), pool.weights.down.zero_()  # pages mapped, as after warm-up
         link = Link(pool, store, backend, lock, lambda: None, lambda job: None)
         times = []
         try:
