@@ -19,12 +19,14 @@ from pathlib import Path
 
 from moespec.bench.checkpoints import random_checkpoint
 from moespec.calibrate.evaluate import (
+    CALIBRATIONS,
     CORRUPTIONS,
     EvaluationSettings,
     evaluate,
     journal_header,
     scorecard,
 )
+from moespec.calibrate.inprocess import TEXTS
 from moespec.calibrate.plan import load_plan, make_plan
 from moespec.calibrate.verify import STREAM_PASSES, VERIFY_MODES
 from moespec.demo import demo_paths
@@ -58,6 +60,8 @@ def main(argv=None) -> int:
     parser.add_argument("--corruption", choices=CORRUPTIONS, default="runner-up")
     parser.add_argument("--verify-mode", choices=VERIFY_MODES, default="stream")
     parser.add_argument("--stream-passes", type=int, default=STREAM_PASSES)
+    parser.add_argument("--calibration", choices=CALIBRATIONS, default="here")
+    parser.add_argument("--calibration-text", choices=TEXTS, default=TEXTS[0])
     parser.add_argument("--threads", type=int, help="torch intra-op threads (default: torch's)")
     parser.add_argument("--cache-dir", type=Path, default=Path("benchmarks/checkpoints"))
     parser.add_argument(
@@ -91,6 +95,8 @@ def main(argv=None) -> int:
         corruption=args.corruption,
         verify_mode=args.verify_mode,
         stream_passes=args.stream_passes,
+        calibration=args.calibration,
+        calibration_text=args.calibration_text,
     )
     journal = Journal(
         args.out / "evaluation.jsonl", journal_header(plan, settings), restart=args.force

@@ -268,6 +268,14 @@ def small_evaluation(plan_dir, **changes):
     return plan, model, tokenizer, EvaluationSettings(**{**settings, **changes})
 
 
+def in_process_cases(plan_dir):
+    """The plan's benchmark cases, as an in-process calibration of it runs them."""
+    from moespec.calibrate.inprocess import InProcessCalibration
+
+    plan, model, tokenizer, _ = small_evaluation(plan_dir)
+    return InProcessCalibration(plan, model, tokenizer, shares=1, verify_repeats=1).cases
+
+
 def test_evaluation_scores_every_version_on_one_run(plan_dir, tmp_path):
     from moespec.calibrate.evaluate import evaluate
 
@@ -275,12 +283,16 @@ def test_evaluation_scores_every_version_on_one_run(plan_dir, tmp_path):
     result = evaluate(plan, model, tokenizer, settings)
     # greedy speculative output is the plain greedy continuation in every run (fp32)
     assert result["runs_off_the_greedy_continuation"] == 0
-    # phases alternate verify / sweep, each with the read bandwidth before and after
+    # phases alternate verify / sweep, each verify phase after a share of the plan's
+    # calibration measured in this process; each with the read bandwidth before and after
     assert [p["phase"] for p in result["phases"]] == [
+        "calibration 0",
         "verify 0",
         "sweep 0",
+        "calibration 1",
         "verify 1",
         "sweep 1",
+        "calibration 2",
         "verify 2",
     ]
     assert all(p["read_bandwidth_before"] > 0 for p in result["phases"])
@@ -312,6 +324,29 @@ def test_evaluation_scores_every_version_on_one_run(plan_dir, tmp_path):
     by_ratio = result["versions"]["calibrated_by_ratio"]["prediction"]["verify_time"]["slot"]
     assert by_ratio == pytest.approx([t * anchor / calibrated[0] for t in calibrated])
     assert len(result["versions"]["calibrated_by_ratio"]["score"]) == 6
+    # the plan's calibration measured again here, a share before each verify phase: every
+    # benchmark case of the plan once, the plan text's passes verify_repeats times a share
+    here = result["in_process"]
+    assert sorted(r["key"] for r in here["bench_records"]) == sorted(
+        c.key for c in in_process_cases(plan_dir)
+    )
+    assert here["depth"] == 8 + 8 // 2  # the plan text's passes sit where the verify phases do
+    assert here["text"] == "continuations"
+    whole = {(r["kernel"], r["n_tokens"]): r for r in here["verify_records"]}
+    assert set(whole) == {(k, n) for k in ("slot", "dedup") for n in range(1, 5)}
+    assert all(len(r["seconds"]) == 3 * 1 for r in whole.values())  # 3 shares x 1 round
+    slot_here = [float(np.median(whole["slot", n]["seconds"])) for n in range(1, 5)]
+    assert here["measured_verify"]["slot"] == pytest.approx(slot_here)
+    assert here["plan_measured_verify"] == plan.measured_verify
+    # its versions, anchored on the same tau(1): with g(n) from these passes, the per-slot
+    # times are this run's plan-text passes moved to the anchor (eq. 22 + g(n), by hand)
+    for version in ("prediction_here", "measured_time_here", "calibrated_here"):
+        entry = result["versions"][version]
+        assert entry["prediction"]["verify_time"]["slot"][0] == pytest.approx(anchor)
+        assert len(entry["score"]) == 6
+    calibrated_here = result["versions"]["calibrated_here"]["prediction"]["verify_time"]
+    expected = [anchor + t - slot_here[0] for t in slot_here]
+    assert calibrated_here["slot"] == pytest.approx(expected, rel=1e-9)
     assert 0 <= result["stream"]["decoded_reuse2"] <= 1
     # the sweep's own V(k) is the whole step as tokens/s pays it: never below its verify pass
     sweep = result["sweep"]
@@ -338,9 +373,13 @@ def test_evaluation_cells_order_runs_whole_cells(plan_dir):
     from moespec.calibrate.evaluate import evaluate
 
     plan, model, tokenizer, settings = small_evaluation(
-        plan_dir, prompts=3, repeats=1, acceptances=(0.5,), sweep_order="cells"
+        plan_dir, prompts=3, repeats=1, acceptances=(0.5,), sweep_order="cells", calibration="plan"
     )
-    log = evaluate(plan, model, tokenizer, settings)["sweep"]["log"]
+    result = evaluate(plan, model, tokenizer, settings)
+    # the plan's calibration only: no share of it here, no version of it scored
+    assert [p["phase"] for p in result["phases"]] == ["verify 0", "sweep 0", "verify 1"]
+    assert "in_process" not in result and not any(v.endswith("_here") for v in result["versions"])
+    log = result["sweep"]["log"]
     assert len(log) == 4 * 3
     for start in range(0, len(log), 3):  # one cell's three prompts back to back
         block = log[start : start + 3]
@@ -422,7 +461,13 @@ def test_interrupted_evaluation_resumes_from_its_journal(plan_dir, tmp_path):
     assert len(finished) == 20  # the 20th was journaled before its progress step
     result = evaluate(plan, model, tokenizer, settings, journal=Journal(path, header))
     # 16 runs a repeat: the first sweep and the verify phase after it had finished
-    assert result["resumed"] == {"runs": 20, "phases": ["verify 0", "sweep 0", "verify 1"]}
+    assert result["resumed"] == {
+        "runs": 20,
+        "phases": ["calibration 0", "verify 0", "sweep 0", "calibration 1", "verify 1"],
+    }
+    # the in-process calibration: the resumed shares' cases and the last share's, each once
+    records = result["in_process"]["bench_records"]
+    assert sorted(r["key"] for r in records) == sorted(c.key for c in in_process_cases(plan_dir))
     log = result["sweep"]["log"]
     assert len(log) == 2 * 2 * 4 * 2 and log[:20] == [e["run"] for e in finished]
     assert len({tuple(row[:4]) for row in log}) == len(log)  # every run once
@@ -448,6 +493,23 @@ def test_evaluation_settings_refuse_an_unknown_sweep_order():
         EvaluationSettings(corruption="random")
     with pytest.raises(ValueError, match="verify_mode 'alone'"):
         EvaluationSettings(verify_mode="alone")
+    with pytest.raises(ValueError, match="calibration 'process'"):
+        EvaluationSettings(calibration="process")
+    with pytest.raises(ValueError, match="calibration_text 'code'"):
+        EvaluationSettings(calibration_text="code")
+
+
+def test_in_process_calibration_refuses_a_plan_made_on_a_given_trace(plan_dir):
+    from dataclasses import replace
+
+    from moespec.calibrate.inprocess import InProcessCalibration
+    from moespec.errors import SettingError
+
+    plan, model, tokenizer, _ = small_evaluation(plan_dir)
+    settings = {**plan.provenance.settings, "trace": "routing.npz"}
+    traced = replace(plan, provenance=replace(plan.provenance, settings=settings))
+    with pytest.raises(SettingError, match="routing.npz.*calibration.*plan"):
+        InProcessCalibration(traced, model, tokenizer, shares=2, verify_repeats=1)
 
 
 def test_evaluate_command_offers_the_librarys_choices():
@@ -455,7 +517,8 @@ def test_evaluate_command_offers_the_librarys_choices():
     library's (a mode added there is offered here, the default is the same)."""
     import argparse
 
-    from moespec.calibrate.evaluate import CORRUPTIONS, EvaluationSettings
+    from moespec.calibrate.evaluate import CALIBRATIONS, CORRUPTIONS, EvaluationSettings
+    from moespec.calibrate.inprocess import TEXTS
     from moespec.calibrate.verify import STREAM_PASSES, VERIFY_MODES
     from moespec.cli.evaluate import add_arguments
 
@@ -465,6 +528,10 @@ def test_evaluate_command_offers_the_librarys_choices():
     assert tuple(actions["verify_mode"].choices) == VERIFY_MODES
     assert tuple(actions["corruption"].choices) == CORRUPTIONS
     defaults = EvaluationSettings()
+    assert tuple(actions["calibration"].choices) == CALIBRATIONS
+    assert actions["calibration"].default == defaults.calibration == CALIBRATIONS[0]
+    assert tuple(actions["calibration_text"].choices) == TEXTS
+    assert actions["calibration_text"].default == defaults.calibration_text == TEXTS[0]
     assert actions["verify_mode"].default == defaults.verify_mode == VERIFY_MODES[0]
     assert actions["stream_passes"].default == defaults.stream_passes == STREAM_PASSES
     from moespec.cli.measure_verify import add_arguments as measure_verify_arguments
@@ -541,3 +608,14 @@ def test_ratio_anchoring_scales_the_plans_own_verify_times():
     assert prediction.verify["slot"][2] == 2e-3  # the version itself is left as it was
     same = ratio_anchored(prediction, 1e-3, 1e-3)  # no drift: both anchorings agree
     assert same.verify["dedup"] == pytest.approx(prediction.verify["dedup"])
+
+
+def test_in_process_continuations_start_from_fit_documents_only():
+    """The in-process calibration's passes run on the target's greedy continuations of fit
+    documents: never on a test document an evaluation scores on."""
+    from moespec.calibrate.texts import fit_documents, verify_documents
+    from moespec.routing.reuse import document_part
+
+    fit = fit_documents(6)
+    assert len(fit) == 6 and all(document_part(d.name) == "fit" for d in fit)
+    assert not {d.name for d in fit} & {d.name for d in verify_documents(12)}

@@ -46,6 +46,7 @@ import numpy as np
 import torch
 
 from moespec.calibrate.fits import LayerFits
+from moespec.calibrate.inprocess import TEXTS
 from moespec.calibrate.predict import (
     ACCEPTANCES,
     Prediction,
@@ -74,6 +75,7 @@ from moespec.routing.reuse import document_statistics, estimate
 
 SWEEP_ORDERS = ("blocks", "cells")
 CORRUPTIONS = ("runner-up", "uniform")
+CALIBRATIONS = ("here", "plan")
 
 
 @dataclass
@@ -94,23 +96,27 @@ class EvaluationSettings:
     corruption: str = "runner-up"  # what a wrong draft proposes, or "uniform" (module docstring)
     verify_mode: str = "stream"  # how a verify pass is timed, or "isolated" (calibrate.verify)
     stream_passes: int = STREAM_PASSES  # timed passes of one "stream" value
+    # "here": the plan's calibration measured again in this process, in a share before each
+    # verify phase, and its versions scored beside the plan's ("_here"; calibrate.inprocess);
+    # "plan": the plan's versions only
+    calibration: str = "here"
+    # what the in-process calibration's whole-model passes run on (calibrate.inprocess.TEXTS)
+    calibration_text: str = "continuations"
 
     def __post_init__(self):
-        if self.corruption not in CORRUPTIONS:
-            raise ValueError(
-                f"evaluation corruption {self.corruption!r}: expected one of "
-                + ", ".join(CORRUPTIONS)
-            )
-        if self.sweep_order not in SWEEP_ORDERS:
-            raise ValueError(
-                f"evaluation sweep_order {self.sweep_order!r}: expected one of "
-                + ", ".join(SWEEP_ORDERS)
-            )
-        if self.verify_mode not in VERIFY_MODES:
-            raise ValueError(
-                f"evaluation verify_mode {self.verify_mode!r}: expected one of "
-                + ", ".join(VERIFY_MODES)
-            )
+        choices = {
+            "calibration": CALIBRATIONS,
+            "calibration_text": TEXTS,
+            "corruption": CORRUPTIONS,
+            "sweep_order": SWEEP_ORDERS,
+            "verify_mode": VERIFY_MODES,
+        }
+        for name, allowed in choices.items():
+            if getattr(self, name) not in allowed:
+                raise ValueError(
+                    f"evaluation {name} {getattr(self, name)!r}: expected one of "
+                    + ", ".join(allowed)
+                )
         names = ("prompts", "prompt_tokens", "tokens", "repeats", "verify_repeats", "stream_passes")
         for name in names:
             if getattr(self, name) < 1:
@@ -215,9 +221,17 @@ class Evaluation:
     """The harness; `run()` returns the whole evaluation as a dict (see `evaluate`)."""
 
     def __init__(
-        self, model, prompts, settings: EvaluationSettings, dedup_kernel="dedup", journal=None
+        self,
+        model,
+        prompts,
+        settings: EvaluationSettings,
+        dedup_kernel="dedup",
+        journal=None,
+        calibration=None,
     ):
         self.model, self.prompts, self.settings = model, prompts, settings
+        # calibrate.inprocess.InProcessCalibration: one share runs before each verify phase
+        self.calibration = calibration
         # finished runs and phases (moespec.files.Journal): an interrupted evaluation resumes
         self.journal = journal
         earlier = journal.entries if journal is not None else []
@@ -326,12 +340,13 @@ class Evaluation:
         steps = [(r.seconds - r.draft_seconds, r.verify_seconds) for r in decode if r.drafted == k]
         return tokens, seconds, steps
 
-    def _phase(self, name: str, fn) -> None:
-        """Run one phase between two read-bandwidth readings, journaled (a verify phase with
-        its samples); one an earlier, interrupted run finished is taken from its journal."""
+    def _phase(self, name: str, fn, keep=None) -> None:
+        """Run one phase between two read-bandwidth readings, journaled (a verify or
+        calibration phase with its samples); one an earlier, interrupted run finished is taken
+        from its journal (its samples given to `keep`, by default the verify samples')."""
         if name in self.done_phases:
             entry = self.done_phases[name]
-            self.keep_samples(entry.get("samples", []))
+            (keep or self.keep_samples)(entry.get("samples", []))
             if name.startswith("sweep"):
                 fn()  # every run of it is in the journal: taken from there, none runs
             self.phases.append(entry["phase"])
@@ -389,6 +404,7 @@ class Evaluation:
             step_samples[k] += steps
             progress.advance()
 
+        self._calibration_share(0)
         self._phase("verify 0", lambda: self.verify_phase("verify 0"))
         for repeat in range(s.repeats):
             if s.sweep_order == "blocks":
@@ -407,6 +423,7 @@ class Evaluation:
                     one(a, k, repeat, i)
 
             self._phase(f"sweep {repeat}", sweep)
+            self._calibration_share(repeat + 1)
             name = f"verify {repeat + 1}"
             self._phase(name, lambda name=name: self.verify_phase(name))
         rates = {cell: [t / sec for t, sec in values] for cell, values in pooled.items()}
@@ -423,6 +440,11 @@ class Evaluation:
             "start",
         ]
         return results
+
+    def _calibration_share(self, index: int) -> None:
+        if self.calibration is not None:
+            share = self.calibration
+            self._phase(f"calibration {index}", lambda: share.share(index), keep=share.keep)
 
     def _results(self, rates, per_run, step_samples) -> dict:
         s = self.settings
@@ -497,7 +519,11 @@ def evaluate(
     times (`predict.ratio_anchored`, "calibrated_by_ratio"), the reading for drift between
     the plan's run and this one that scales every pass alike. And the plan's fits at the
     routing of the text the runs verified (`stream_versions`: "prediction_stream",
-    "calibrated_stream"), seed 000 Table 3's other prediction.
+    "calibrated_stream"), seed 000 Table 3's other prediction. With `settings.calibration`
+    "here", the plan's calibration is measured again in this process, a share before each
+    verify phase (`calibrate.inprocess`), and its three versions, anchored on the same
+    tau(1), are scored too ("prediction_here", "measured_time_here", "calibrated_here"; what
+    it measured under "in_process").
 
     journal: a `moespec.files.Journal` (header `journal_header`) that every finished run and
     phase is appended to, and that an interrupted evaluation's finished work is taken from
@@ -505,12 +531,30 @@ def evaluate(
 
     Returns settings, stream (depth, the decoded span's rho_hat(2) beside the plan's), sweep,
     verify_records, phases (read bandwidth before and after each), anchor, versions
-    {name: {prediction, score}}, noise_floor and resumed."""
+    {name: {prediction, score}}, noise_floor, resumed and (calibration "here") in_process."""
     if plan.chain is None:
         raise ValueError("the plan keeps no prediction chain (made by an older moespec): remake it")
     dedup = plan.kernel.dedup_kernel
     prompts = evaluation_prompts(tokenizer, settings.prompts, settings.prompt_tokens)
-    harness = Evaluation(model, prompts, settings, dedup, journal)
+    calibration = None
+    if settings.calibration == "here":
+        from moespec.calibrate.inprocess import InProcessCalibration
+
+        calibration = InProcessCalibration(
+            plan,
+            model,
+            tokenizer,
+            settings.repeats + 1,
+            settings.verify_repeats,
+            progress,
+            depth=settings.prompt_tokens + settings.tokens // 2,  # where the verify phases sit
+            text=settings.calibration_text,
+            prompt_tokens=settings.prompt_tokens,
+            tokens=settings.tokens,
+            mode=settings.verify_mode,  # timed as the verify phases time theirs
+            passes=settings.stream_passes,
+        )
+    harness = Evaluation(model, prompts, settings, dedup, journal, calibration)
     results = harness.run(progress)
     plain = statistics.median(harness.verify_samples["slot", 1])
     draft_time = np.zeros(settings.max_draft_length + 1)  # the oracle costs nothing
@@ -537,6 +581,29 @@ def evaluate(
         dedup_kernel=dedup,
         step_kernel=dedup,
     )
+    in_process = None
+    if calibration is not None:
+        here = calibration.result()
+        anchored = anchored_predictions(
+            here.chain,
+            plain,
+            bandwidth_error=here.measured.bandwidth_error,
+            draft_time=draft_time,
+            dedup_kernel=dedup,
+            step_kernel=dedup,
+        )
+        versions |= {f"{name}_here": v for name, v in anchored.items()}
+        in_process = {
+            "cases": here.cases,
+            "depth": calibration.depth,
+            "text": calibration.text_kind,
+            "bandwidth_error": here.measured.bandwidth_error,
+            "kernel_bandwidth_error": here.measured.errors,
+            "measured_verify": {k: v.tolist() for k, v in here.whole_times.items()},
+            "plan_measured_verify": plan.measured_verify,
+            "verify_records": here.verify_records,
+            "bench_records": here.measured.records,
+        }
     scored = {}
     unpaired = [{k: v for k, v in r.items() if k != "rounds"} for r in results["verify_records"]]
     raw = measured_verify_times(unpaired, dedup, settings.max_draft_length + 1)
@@ -568,6 +635,7 @@ def evaluate(
         "anchor": {"plain_time": plain, "plan_plain_time": plan_plain},
         "versions": scored,
         "noise_floor": {rule: {"holds": bool(h), "detail": d} for rule, (h, d) in floor.items()},
+        **({"in_process": in_process} if in_process is not None else {}),
     }
 
 
@@ -620,6 +688,15 @@ def scorecard(result: dict) -> str:
             "verify times scored round by round (median tau(1) x the median of each round's "
             f"tau(n) / tau(1), {len(records[0]['seconds'])} rounds); against each (kernel, n)'s "
             f"median sample instead: {raw}"
+        )
+    here = result.get("in_process")
+    if here is not None:
+        mine, theirs = here["measured_verify"]["slot"], here["plan_measured_verify"]["slot"]
+        lines.append(
+            f"_here: the plan's calibration measured again in this process ({here['cases']} "
+            f"benchmark cases, epsilon {here['bandwidth_error']:.3f}); its plan-text passes "
+            f"tau(1) {mine[0] * 1e3:.3f} / tau({len(mine)}) {mine[-1] * 1e3:.3f} ms here, "
+            f"{theirs[0] * 1e3:.3f} / {theirs[-1] * 1e3:.3f} ms in the plan's run"
         )
     anchor = result["anchor"]
     lines.append(

@@ -155,7 +155,13 @@ def bench_and_fit(
         raw.unlink(missing_ok=True)
     bench = ExpertOpBenchmark(experts, top_k, settings, windows_ids, header=header, native=native)
     records = bench.run(raw, progress=progress)
-    kernels = [k for k in settings.kernels if k != "reference"]
+    return measured_from_records(records, top_k, settings.kernels, per_layer=per_layer)
+
+
+def measured_from_records(records, top_k, kernels, per_layer=True) -> Measured:
+    """The fits (each layer on its own, or pooled), epsilon_p and bandwidths of benchmark
+    records: a `Measured`."""
+    kernels = [k for k in kernels if k != "reference"]
     dedup_kernel = next(k for k in kernels if k != "slot")
     fits = LayerFits.fit(records, top_k, kernels, per_layer=per_layer)
     errors = fits.kernel_errors(records)

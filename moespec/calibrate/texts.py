@@ -27,6 +27,17 @@ def verify_documents(count: int = 4, max_chars: int = 20000):
     return list(itertools.islice(documents, count))
 
 
+def fit_documents(count: int, max_chars: int = 20000):
+    """Held-out files of the fit part (those U(n) and the benchmark windows come from): never
+    in the test part that evaluations score on."""
+    from moespec.demo.corpus import held_out_documents
+
+    documents = (
+        d for d in held_out_documents(max_chars=max_chars) if document_part(d.name) == "fit"
+    )
+    return list(itertools.islice(documents, count))
+
+
 def verify_text(tokenizer) -> list[int]:
     """Tokens of the test documents, one after another, for whole-model passes."""
     from moespec.routing.record import tokenize_documents

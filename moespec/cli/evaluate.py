@@ -48,6 +48,21 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=6,  # calibrate.verify.STREAM_PASSES
         help="timed passes per value in --verify-mode stream (after one untimed)",
     )
+    parser.add_argument(
+        "--calibration",
+        choices=("here", "plan"),  # calibrate.evaluate.CALIBRATIONS (imported lazily)
+        default="here",
+        help="here: also measure the plan's calibration again in this process, a share before "
+        "each verify phase, and score its versions beside the plan's (default); plan: the "
+        "plan's versions only",
+    )
+    parser.add_argument(
+        "--calibration-text",
+        choices=("continuations", "documents"),  # calibrate.inprocess.TEXTS
+        default="continuations",
+        help="what the in-process calibration's whole-model passes run on: the target's greedy "
+        "continuations of fit-document prompts (default), or the plan's verify text",
+    )
     parser.add_argument("--out", metavar="FILE.json", required=True)
     parser.add_argument("--force", action="store_true", help="overwrite an existing --out")
     parser.add_argument("--json", action="store_true", help="print the evaluation as JSON")
@@ -93,6 +108,8 @@ def run(args: argparse.Namespace) -> int:
         corruption=args.corruption,
         verify_mode=args.verify_mode,
         stream_passes=args.stream_passes,
+        calibration=args.calibration,
+        calibration_text=args.calibration_text,
     )
     model_dir = Path(args.model) if args.model else plan_model_dir(plan, path)
     model, tokenizer = load_model(model_dir, dtype=plan.dtype)
