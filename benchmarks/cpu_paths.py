@@ -34,6 +34,7 @@ import torch
 import torch.nn.functional as F
 
 from moespec.bench.stats import ratio_range
+from moespec.calibrate.timing import beyond_last_level_cache
 from moespec.files import write_json
 from moespec.kernels import native
 from moespec.kernels.cpu import cpu_paths, onednn_packs
@@ -211,7 +212,13 @@ def onednn(x, packed):
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--weights", type=int, default=24, help="distinct weights cycled")
+    parser.add_argument(
+        "--weights",
+        type=int,
+        default=None,
+        help="distinct weights cycled (default: 24, or more where the bf16 set would not exceed "
+        "twice the last-level cache)",
+    )
     parser.add_argument("--rounds", type=int, default=7)
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--rows", type=int, default=1, help="rows per product (a pass of n)")
@@ -229,6 +236,9 @@ def main(argv=None) -> int:
         parser.error(f"{args.out} exists (use --force)")
     before = before_library(args.before_rev) if args.before_rev else None
     torch.set_num_threads(args.threads)
+    if args.weights is None:
+        bf16_bytes = OUT * IN * 2
+        args.weights = max(24, -(-beyond_last_level_cache(0) // bf16_bytes))
     generator = torch.Generator().manual_seed(0)
     weights = [
         (torch.randn(OUT, IN, generator=generator) * 0.02).bfloat16() for _ in range(args.weights)

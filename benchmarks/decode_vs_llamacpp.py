@@ -51,7 +51,7 @@ from moespec.bench.checkpoints import SHAPES, random_checkpoint  # noqa: E402
 from moespec.bench.stats import ratio_range  # noqa: E402
 from moespec.calibrate import llamacpp  # noqa: E402
 from moespec.calibrate.plan import verify_documents  # noqa: E402
-from moespec.calibrate.timing import read_bandwidth  # noqa: E402
+from moespec.calibrate.timing import beyond_last_level_cache, read_bandwidth  # noqa: E402
 from moespec.calibrate.verify import measure_verify  # noqa: E402
 from moespec.decoding import KernelPolicy, generate  # noqa: E402
 from moespec.demo import describe  # noqa: E402
@@ -60,7 +60,8 @@ from moespec.models import load_config, load_model  # noqa: E402
 from moespec.provenance import machine  # noqa: E402
 
 PROMPT = "def fibonacci(n):"
-PROBE_BYTES = 512 * 2**20  # far above a last-level cache (tens of MiB)
+# far above a last-level cache of tens of MiB; twice the cache where it is hundreds
+PROBE_BYTES = beyond_last_level_cache(512 * 2**20)
 MOESPEC_WEIGHTS = {
     "bf16": {"dtype": "bf16"},
     "fp32": {"dtype": "fp32"},
@@ -256,7 +257,7 @@ def build_arms(args, directory: Path) -> dict:
 
 def probe(threads: int) -> float:
     """The read bandwidth now, at `threads` threads (moespec.calibrate.timing.read_bandwidth:
-    the best of 3 native reads of 512 MiB, about 0.1 s)."""
+    the best of 3 native reads of PROBE_BYTES, about 0.1 s at 512 MiB)."""
     torch.set_num_threads(threads)
     return read_bandwidth(PROBE_BYTES, repeats=3)
 

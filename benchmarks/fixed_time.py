@@ -24,7 +24,8 @@ phi(1) plus the host's time; its part that does not grow with bytes is what is l
 bytes. Here  fixed = step time - B / beta,  with B the bytes a one-token step reads (dense
 weights incl. the head, m experts per MoE layer, the keys and values at the mean depth) and
 beta the best read bandwidth measured on this machine at the same thread count (the larger of
-summing a 1 GiB buffer and the library's bf16 GEMV streaming 64 MiB of distinct weights).
+summing a 1 GiB buffer and the library's bf16 GEMV streaming 64 MiB of distinct weights, or
+twice the last-level cache where that is more).
 Weights that stay in the last-level cache between steps read faster than beta, so this
 fixed time is a lower bound of the true one.
 Paired ratios are per round (same round, adjacent processes) with their range.
@@ -143,13 +144,16 @@ def step_bytes(directory, depth: int) -> int:
 
 def gemv_bandwidth(threads: int) -> float:
     """Bytes/s of this CPU's bf16 GEMV path (the layout `moespec.kernels.linear.pack` gives:
-    the native pair loops, oneDNN's packed product, or plain) over 64 MiB of distinct weights."""
+    the native pair loops, oneDNN's packed product, or plain) over 64 MiB of distinct weights,
+    or twice the last-level cache where that is more (`beyond_last_level_cache`)."""
     import torch
 
+    from moespec.calibrate.timing import beyond_last_level_cache
     from moespec.kernels.linear import linear, pack
 
     torch.set_num_threads(threads)
-    dense = [torch.randn(1024, 1024).to(torch.bfloat16) for _ in range(32)]
+    count = beyond_last_level_cache(64 * 2**20) // (1024 * 1024 * 2)
+    dense = [torch.randn(1024, 1024).to(torch.bfloat16) for _ in range(count)]
     weights = [pack(w) for w in dense]
     x = torch.randn(1, 1024).to(torch.bfloat16)
     best = float("inf")

@@ -149,6 +149,15 @@ def test_the_last_level_cache_is_read_from_linux(tmp_path):
     assert last_level_cache_bytes(tmp_path / "absent") is None
 
 
+def test_a_working_set_beyond_the_cache_is_twice_a_large_cache(monkeypatch):
+    import moespec.calibrate.timing as timing
+
+    mib = 2**20
+    for cache, wanted in ((32 * mib, 512 * mib), (504 * mib, 1008 * mib), (None, 512 * mib)):
+        monkeypatch.setattr(timing, "last_level_cache_bytes", lambda cache=cache: cache)
+        assert timing.beyond_last_level_cache(512 * mib) == wanted
+
+
 def test_a_model_that_fits_in_the_last_level_cache_is_timed_warm(monkeypatch):
     import moespec.calibrate.plan as plan
     from moespec.demo import demo_paths

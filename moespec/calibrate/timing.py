@@ -36,6 +36,13 @@ def last_level_cache_bytes(cpu_dir: Path = Path("/sys/devices/system/cpu/cpu0/ca
     return None if best is None else best[1]
 
 
+def beyond_last_level_cache(nbytes: int) -> int:
+    """nbytes, or twice this CPU's last-level cache where that is more: the size of a working
+    set that streams from memory (some hosts report hundreds of MiB of last-level cache, where
+    a set of tens of MiB is read from the cache)."""
+    return max(nbytes, 2 * (last_level_cache_bytes() or 0))
+
+
 class CacheFlusher:
     """Touches a buffer larger than the last-level cache (the L2 on a GPU), so the next run
     reads from memory."""
