@@ -319,11 +319,13 @@ RESULTS = [
             ),
             minutes,
         )
-        # the -avx2 files come from an AVX2-only host (their cpu_flags say so), the others
-        # from one with AVX-512-BF16: the same command on each
+        # the -avx2 files come from an AVX2-only host (their cpu_flags say so), the -amx ones
+        # from an Intel host with AMX (llama.cpp built without its AMX path, which died there:
+        # their system_info says so), the others from one with AVX-512-BF16: the same command
         for name, source, tokens, rounds, verify, minutes in (
             ("olmoe", "--shape olmoe", 48, 4, 2, 20),
             ("olmoe-avx2", "--shape olmoe", 48, 4, 2, 25),
+            ("olmoe-amx", "--shape olmoe", 48, 4, 2, 12),
             (
                 "olmoe-int8-avx2",
                 "--shape olmoe --weights int8 --engines moespec,llama.cpp-q8_0,llama.cpp-bf16",
@@ -339,6 +341,14 @@ RESULTS = [
                 4,
                 2,
                 12,
+            ),
+            (
+                "olmoe-int8-amx",
+                "--shape olmoe --weights int8 --engines moespec,llama.cpp-q8_0,llama.cpp-bf16",
+                48,
+                4,
+                2,
+                10,
             ),
             ("demo-target", "--demo target", 128, 2, 5, 5),
             ("demo-draft", "--demo draft", 128, 2, 5, 5),
@@ -383,6 +393,28 @@ RESULTS = [
             "--force",
         ),
         15,
+    ),
+    Result(  # the same on an Intel host with AMX
+        "int8-decode-amx",
+        ("int8_decode_olmoe2L_amx.json",),
+        (
+            "python benchmarks/int8_decode.py --shape olmoe --layers 2 --threads 1,2 --rounds 4 "
+            f"--tokens 24 --agreement-prompts 4 --out {RESULTS_DIR}/int8_decode_olmoe2L_amx.json "
+            "--force",
+        ),
+        10,
+    ),
+    Result(
+        # on an Intel host with AMX, the pair loops against those of 3bad83d (before the
+        # AVX-512 sweeps prefetched their weights)
+        "cpu-paths-amx-host",
+        tuple(f"cpu_paths_amx_host{s}.json" for s in ("", "_rows9", "_threads2")),
+        tuple(
+            f"python benchmarks/cpu_paths.py --rounds 9 --rows {rows} --threads {threads} "
+            f"--before-rev 3bad83d --out {RESULTS_DIR}/cpu_paths_amx_host{suffix}.json --force"
+            for rows, threads, suffix in ((1, 1, ""), (9, 1, "_rows9"), (1, 2, "_threads2"))
+        ),
+        4,
     ),
     Result(
         "cpu-paths-avx512",
