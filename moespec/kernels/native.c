@@ -158,12 +158,14 @@ static int16_t *quantized_input(const uint16_t *X, int64_t x_rows, int64_t I, fl
 #ifndef MOESPEC_NO_AVX512
 /* ---------------------------------------------------------------- AVX-512 */
 /* The AVX-512 pair sweeps prefetch the weights AHEAD_BYTES ahead of the loads (16 bf16 or 32
- * int8 pairs of a group). On an AMX-class Intel host (a 2-core KVM guest) a [2048, 2048] product
- * streamed from memory ran, against no prefetch, paired medians of 7-11 rounds
- * (`benchmarks/cpu_paths.py --rows R --before-rev REV` measures the same): bf16 one row 1.34x
- * (1 thread) and 1.41x (2 threads), from 65% to 88% and 92% of the read bandwidth, 2 rows
- * 1.45x, 9 rows 1.48x; int8 one row 1.13x and 1.12x, 4 rows 1.30x. 1 KiB ahead gave 1.23x
- * and 1.32x at one row, 2 KiB 1.28x and 1.28x. */
+ * int8 pairs of a group): the hardware prefetchers alone kept too few lines in flight on an
+ * Intel host with AMX (a 2-core KVM guest), where one [2048, 2048] product streamed from
+ * memory went from 11.4 to 15.4 GB/s in bf16 at one row and 1 thread (21.3 to 28.8 at 2
+ * threads, 5.7 to 8.0 at 9 rows) and from 10.6 to 13.1 in int8 (5.7 to 7.5 at 9 rows), of
+ * 16-18 GB/s a plain read gets (`benchmarks/cpu_paths.py --rows R --threads T --before-rev
+ * REV`). Of 0.5, 1, 2, 4 and 8 KiB ahead, 4 KiB was the best, or within 4% of it, at 1, 2,
+ * 6 and 9 rows and at 1 and 2 threads there; the demo's weights, which stay in the cache,
+ * lost nothing. */
 #ifndef AHEAD_BYTES
 #define AHEAD_BYTES 4096
 #endif
