@@ -288,6 +288,19 @@ RESULTS = [
         36,
     ),
     Result(
+        "scorecard-olmoe4L-fp32",
+        tuple(
+            f"scorecard/olmoe4L-fp32/{n}"
+            for n in ("plan.json", "bench.jsonl", "evaluation.json", *PLAN_FIGURES)
+        ),
+        (
+            # the reduced sweep of olmoe4L-bf16, on fp32 weights (twice the bytes a pass)
+            "python benchmarks/scorecard.py olmoe4L-fp32 --prompts 3 --repeats 2 --tokens 64 "
+            f"--out {RESULTS_DIR}/scorecard/olmoe4L-fp32 --force",
+        ),
+        125,
+    ),
+    Result(
         "plan-olmoe4L-bf16",
         tuple(f"plans/olmoe4L-bf16/{n}" for n in ("plan.json", "bench.jsonl", *PLAN_FIGURES)),
         (
