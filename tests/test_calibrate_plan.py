@@ -61,6 +61,39 @@ def test_bench_resumes_after_an_interruption(tmp_path):
     assert len(load_raw(raw)) == len(full)
 
 
+@pytest.mark.parametrize("invariant", [True, False])
+def test_bench_times_the_products_as_the_engine_verifies(monkeypatch, invariant):
+    """The expert operation is timed batch-invariant unless the settings say otherwise: the
+    engine's verification passes are by default, and where a product has no batch-invariant
+    multi-row form (fp32's packed product) a pass of n rows then reads its weights n times."""
+    import moespec.calibrate.bench as bench_module
+    from moespec.kernels import get_kernel
+    from moespec.kernels.invariance import is_batch_invariant
+
+    seen = []
+
+    def recording(name):
+        kernel = get_kernel(name)
+
+        def run(*args):
+            seen.append(is_batch_invariant())
+            return kernel(*args)
+
+        return run
+
+    monkeypatch.setattr(bench_module, "get_kernel", recording)
+    settings = BenchSettings(
+        pass_sizes=(1, 3), chosen_levels=1, repeats=1, warmup=0, flush_bytes=0,
+        batch_invariant=invariant,
+    )  # fmt: skip
+    bench = ExpertOpBenchmark({0: tiny_experts()}, 2, settings, native=False)
+    for case in bench.cases():
+        bench.measure(case, None)
+    assert seen and set(seen) == {invariant}
+    assert not is_batch_invariant()  # restored after timing
+    assert BenchSettings().batch_invariant  # the default: as `generate` verifies
+
+
 def test_bench_refuses_a_file_of_other_settings(tmp_path):
     raw = tmp_path / "bench.jsonl"
     ExpertOpBenchmark(
@@ -116,6 +149,7 @@ def test_plan_writes_a_complete_plan_and_report(plan_dir):
     assert set(plan.predictions) == {"prediction", "measured_time", "calibrated"}
     assert plan.fits["slot"].passes > 0 and plan.bandwidth_error >= 0
     assert plan.provenance.device == "cpu" and plan.provenance.settings["depth"] == 32
+    assert plan.bench.settings["batch_invariant"] is True  # timed as `generate` verifies
     assert plan.provenance.cpu_capability == torch.backends.cpu.get_cpu_capability()
     weights = plan.weights  # formats and product paths; the CPU is the provenance's
     assert weights.experts == "fp32" and weights.byte_factor == 1

@@ -320,3 +320,41 @@ def test_sweep_rows_are_scored_by_their_paired_speedups_where_they_have_them():
         rule_speedup(steps, {"0.9": row}, 0.12)[0]
         and not rule_speedup(steps, {"0.9": row}, 0.11)[0]
     )
+
+
+def test_rescore_of_an_evaluation_with_its_own_plan_gives_its_own_scores():
+    """benchmarks/rescore.py scores a plan against an evaluation run for another: given the
+    evaluation's own plan it must reproduce the evaluation's rules for each of the plan's
+    versions, detail for detail (the committed demo and OLMoE-4L fp32 scorecards)."""
+    import json
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parent.parent
+    sys.path.insert(0, str(root / "benchmarks"))
+    from rescore import rescore
+
+    for config in ("demo-bf16", "olmoe4L-fp32"):
+        folder = root / "benchmarks" / "results" / "scorecard" / config
+        evaluation = json.loads((folder / "evaluation.json").read_text())
+        scores = rescore(folder / "plan.json", folder)
+        assert set(scores) == {"prediction", "measured_time", "calibrated"}
+        for name, entry in scores.items():
+            expected = evaluation["versions"][name]["score"]
+            got = {rule: {"holds": h, "detail": d} for rule, (h, d) in entry["rules"].items()}
+            assert got == expected, (config, name)
+
+
+def test_rescore_refuses_a_plan_of_another_checkpoint(tmp_path):
+    from pathlib import Path
+
+    from tests.checkpoints import run_script
+
+    root = Path(__file__).resolve().parent.parent
+    results = root / "benchmarks" / "results" / "scorecard"
+    done = run_script(
+        root / "benchmarks" / "rescore.py",
+        [str(results / "demo-bf16" / "plan.json"), str(results / "olmoe4L-fp32")],
+    )
+    assert done.returncode == 2
+    assert done.stderr.count("\n") == 1 and "ran olmoe-4L in fp32" in done.stderr

@@ -3,6 +3,8 @@
 
 import json
 
+import pytest
+
 from moespec.cli import main
 
 
@@ -23,11 +25,35 @@ def test_measure_verify_writes_every_sample_and_keeps_an_existing_file(
     assert all(r["mode"] == "stream" for r in records.values())
     assert result["text"] == "the test documents of moespec.calibrate.texts"
     settings = {"kernels": ["slot", "dedup"], "repeats": 2, "verify_mode": "stream"}
+    settings["batch_invariant"] = True  # as `generate` verifies by default
     assert result["provenance"]["settings"] == settings
     assert [line.split()[0] for line in printed[1:]] == ["1", "2", "3"]  # one row per n
     before = out.read_bytes()
     assert main(argv) == 2  # no --force: refused, the first result kept
     assert "exists" in capsys.readouterr().err and out.read_bytes() == before
+
+
+@pytest.mark.parametrize("invariant", [True, False])
+def test_passes_run_batch_invariant_unless_told_otherwise(checkpoint_dir, monkeypatch, invariant):
+    """The whole-model passes are timed as decoding verifies (batch-invariant by default):
+    where a product has no batch-invariant multi-row form, that is what a pass costs."""
+    from moespec.calibrate.verify import verify_run
+    from moespec.models.transformer import Transformer
+
+    seen = set()
+    forward = Transformer.__call__
+
+    def recording(self, tokens, cache, **kwargs):
+        seen.add(self.batch_invariant)
+        return forward(self, tokens, cache, **kwargs)
+
+    monkeypatch.setattr(Transformer, "__call__", recording)
+    model = checkpoint_dir("qwen3_moe")[0]
+    result = verify_run(
+        model, dtype="fp32", max_n=2, depth=16, repeats=1, batch_invariant=invariant
+    )
+    assert seen == {invariant}
+    assert result["provenance"]["settings"]["batch_invariant"] is invariant
 
 
 def test_each_round_times_every_pass_once_in_an_order_of_its_own(checkpoint_dir, monkeypatch):

@@ -321,6 +321,20 @@ RESULTS = [
         6,
     ),
     _scored("olmoe4L-fp32", OLMOE_4L, "fp32", 2, before=(MAKE_OLMOE_4L,)),
+    Result(
+        # timed batch-invariant, as decoding verifies (reduced: 3 repeats, 6 windows); scored
+        # against scorecard-olmoe4L-fp32's evaluation by benchmarks/rescore.py
+        "plan-olmoe4L-fp32-invariant",
+        tuple(
+            f"plans/olmoe4L-fp32-invariant/{n}" for n in ("plan.json", "bench.jsonl", *PLAN_FIGURES)
+        ),
+        (
+            MAKE_OLMOE_4L,
+            f"moespec plan --model {OLMOE_4L} --dtype fp32 --repeats 3 --windows 6 "
+            f"--verify-repeats 4 --out {RESULTS_DIR}/plans/olmoe4L-fp32-invariant --force",
+        ),
+        8,
+    ),
     *(
         Result(
             f"llamacpp-{name}",

@@ -28,6 +28,7 @@ from moespec.calibrate.ids import chosen_ids, distinct_count, distinct_levels
 from moespec.calibrate.timing import FLUSH_BYTES, CacheFlusher, median_iqr, time_runs
 from moespec.errors import SettingError, setting
 from moespec.kernels import ExpertWeights, get_kernel
+from moespec.kernels.invariance import batch_invariance
 from moespec.models.native_step import KERNELS as NATIVE_KERNELS
 from moespec.models.native_step import NativeExperts, experts_unsupported
 from moespec.progress import Progress, using
@@ -65,6 +66,12 @@ class BenchSettings:
     # a benchmark given None flushes FLUSH_BYTES
     flush_bytes: int | None = None
     seed: int = 0
+    # time the products as the engine's verification passes run them by default: each row
+    # with the bits it gets alone (`kernels.invariance`). Where a path has no batch-invariant
+    # multi-row form, a pass of n rows reads its weights n times (fp32's oneDNN products on
+    # an AVX-512/AMX Xeon: one row at a time), and a plan timed without it predicts far too
+    # little growth with n; the native bf16 loops give every row its own bits either way
+    batch_invariant: bool = True
 
 
 class ExpertOpBenchmark:
@@ -147,7 +154,7 @@ class ExpertOpBenchmark:
             def run():
                 return kernel(x, ids, weights, experts)
 
-        with torch.inference_mode():
+        with torch.inference_mode(), batch_invariance(self.settings.batch_invariant):
             samples = time_runs(
                 run,
                 repeats=self.settings.repeats,

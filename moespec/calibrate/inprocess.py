@@ -96,6 +96,7 @@ class InProcessCalibration:
             raise ValueError("an in-process calibration needs shares and verify_repeats >= 1")
         names = {f.name for f in fields(BenchSettings)}
         values = {k: tuple(v) if isinstance(v, list) else v for k, v in plan.bench.settings.items()}
+        values.setdefault("batch_invariant", False)  # a plan made before the setting: off
         self.settings = BenchSettings(**{k: v for k, v in values.items() if k in names})
         self.model, self.shares, self.verify_repeats = model, shares, verify_repeats
         self.per_layer = plan.fits_per_layer

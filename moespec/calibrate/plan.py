@@ -274,6 +274,7 @@ def plan_chain(
     )
     max_n = max(settings.pass_sizes)
     routing = trace_routing(trace, max_n)
+    model.batch_invariant = settings.batch_invariant  # the whole-model passes alike
     whole = measure_verify(
         model,
         text,

@@ -168,13 +168,14 @@ def verify_run(
     depth: int = 256,
     repeats: int = 10,
     mode: str = "stream",
+    batch_invariant: bool = True,
     progress: Progress | None = None,
 ) -> dict:
     """What `moespec measure-verify` records: the checkpoint at `model_dir` loaded as `dtype`
     (and `weights`), its verify passes of n = 1..max_n tokens per kernel on the tokens of
     `text` (a file; default: the test documents the plan measures on, `calibrate.texts`) as
-    `mode` times a pass (`time_pass`), with the model, weight paths, depth, every record and
-    the provenance."""
+    `mode` times a pass (`time_pass`), batch-invariant as decoding verifies by default (or
+    not), with the model, weight paths, depth, every record and the provenance."""
     from pathlib import Path
 
     from moespec.calibrate.texts import verify_text
@@ -184,6 +185,7 @@ def verify_run(
     from moespec.provenance import provenance
 
     model, tokenizer = load_model(model_dir, dtype=dtype, weights=weights)
+    model.batch_invariant = batch_invariant
     tokens = tokenizer.encode(Path(text).read_text()) if text else verify_text(tokenizer)
     records = measure_verify(
         model,
@@ -204,7 +206,12 @@ def verify_run(
         "records": records,
         "provenance": provenance(
             model.embed.device,
-            {"kernels": list(kernels), "repeats": repeats, "verify_mode": mode},
+            {
+                "kernels": list(kernels),
+                "repeats": repeats,
+                "verify_mode": mode,
+                "batch_invariant": batch_invariant,
+            },
         ),
     }
 

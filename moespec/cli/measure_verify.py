@@ -38,6 +38,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--repeats", type=positive_int, default=10)
     add_verify_mode(parser)
+    parser.add_argument(
+        "--batch-invariant",
+        default="on",
+        choices=["on", "off"],
+        help="time the passes batch-invariant, as `moespec generate` verifies by default",
+    )
     add_dtype(parser)
     add_weights(parser)
     parser.add_argument("--out", metavar="FILE.json", help="write every sample as JSON")
@@ -65,6 +71,7 @@ def run(args: argparse.Namespace) -> int:
             depth=args.depth,
             repeats=args.repeats,
             mode=args.verify_mode,
+            batch_invariant=args.batch_invariant == "on",
             progress=progress,
         )
     if args.out:

@@ -75,6 +75,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--verify-repeats", type=positive_int, default=10)
     parser.add_argument(
+        "--batch-invariant",
+        default="on",
+        choices=["on", "off"],
+        help="time the expert operation and whole-model passes batch-invariant, as `moespec "
+        "generate` verifies by default (off: plan for a run with --batch-invariant off)",
+    )
+    parser.add_argument(
         "--pooled-fits",
         action="store_true",
         help="one fit over all benchmarked layers (default: each layer its own, as seed 000)",
@@ -139,6 +146,7 @@ def run(args: argparse.Namespace) -> int:
         pass_sizes=tuple(range(1, args.max_n + 1)),
         repeats=args.repeats,
         flush_bytes=None if args.flush_mib is None else args.flush_mib * 2**20,
+        batch_invariant=args.batch_invariant == "on",
     )
     out = Path(args.out)
     if args.shape:
