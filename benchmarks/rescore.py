@@ -8,7 +8,7 @@ its own plan's (eq. 22), and scored by the same six rules. Use it to ask whether
 how plans are made predicts a run that has already been measured, without measuring it again:
 the plan must be of the same checkpoint and dtype, and it must not have seen the evaluation
 (it is made from its own benchmark and passes, on documents the evaluation does not score).
-Prints one row per version in the format of `plan_table.py`, after the evaluation's own.
+Prints one row per version of the given plan, in the columns of `plan_table.py`.
 """
 
 import argparse
