@@ -31,6 +31,8 @@ def rescore(plan_path: Path, folder: Path) -> dict:
     """{version: {rules, verify_error, crossover}} of the plan at `plan_path` against the
     evaluation in `folder` (evaluation.json beside the plan it was run for)."""
     plan = load_plan(plan_path)
+    if not (folder / "evaluation.json").is_file():
+        raise ValueError(f"{folder} holds no evaluation.json (benchmarks/scorecard.py writes one)")
     evaluation = json.loads((folder / "evaluation.json").read_text())
     old = json.loads((folder / "plan.json").read_text())
     if (plan.model.name, plan.dtype) != (old["model"]["name"], old["dtype"]):
