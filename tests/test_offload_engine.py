@@ -127,7 +127,9 @@ def test_a_pass_split_across_tiers_differs_only_by_rounding(model):
     torch.testing.assert_close(got, model(step, memory, all_logits=True), rtol=0, atol=1e-5)
 
 
-@pytest.mark.parametrize("policy", ["spac", "lru", "hybrid"])
+# SpAc with its threshold fixed: on the CPU engine the full balancer sees both tiers on one
+# processor and copies nothing, so it would evict nothing and leave the check unexercised.
+@pytest.mark.parametrize("policy", ["spac-static-tau", "lru", "hybrid"])
 def test_no_expert_is_evicted_while_its_layer_computes(model, reference, policy):
     one_per_layer = budgets(model)["one-per-layer"]
     _, engine = run(model, policy, one_per_layer, reference, speculate=True, record=True)

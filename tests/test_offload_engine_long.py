@@ -22,8 +22,8 @@ def tensors_alive() -> int:
 
 
 # SpAc with its threshold fixed: on the CPU engine the full balancer sees both tiers on one
-# processor and rightly prefetches nothing after warm-up, which would leave the prefetch and
-# cancel path unexercised.
+# processor and rightly prefetches nothing, which would leave the prefetch and cancel path
+# unexercised.
 @pytest.mark.parametrize("policy", ["spac-static-tau", "lru"])
 def test_ten_thousand_steps_hold_steady_memory_and_budget(policy):
     torch.manual_seed(0)

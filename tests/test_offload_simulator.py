@@ -210,6 +210,40 @@ def test_one_processor_for_both_tiers_adds_their_times():
     assert times[0.0] == pytest.approx(1.1e-3)
 
 
+def spac_on_two_layers(profile, tokens):
+    """SpAc fitted on [1, 3] (both preloaded, 2 of 8 slots a layer), then replaying [1, 0]:
+    expert 0 turns hot on the CPU, and 3 is a cached expert that is not used."""
+    ids = np.array([[1, 3]] * 2 + [[1, 0]] * 40, dtype=np.int64)[:, None, :].repeat(2, axis=1)
+    trace = RoutingTrace(ids, [0, len(ids)], ["doc"], 8, [10**6] * 2, [0, 1])
+    settings = SimulationSettings(
+        draft_bytes_ratio=0.0, cache_ratio=0.25, draft_length=3, acceptance=0.0,
+        tokens=tokens, fit_tokens=2, rejected_routing="continuation",
+    )  # fmt: skip
+    return simulate(trace, make_policy("spac").fit(trace.first_tokens(2)), profile, settings)
+
+
+def test_spac_on_one_processor_copies_nothing_that_cannot_pay():
+    # Accelerator and CPU alike (1 ms an expert), taking turns: a copy (1 ms) makes no expert
+    # faster. The paper's warm-up would prefetch expert 0 at the static threshold, as it
+    # still does where the tiers are devices of their own; on one processor the balancer
+    # starts at once, charges the copy to the compute and copies nothing.
+    alike = replace(ROUND, accelerator_bandwidth=ROUND.cpu_bandwidth)
+    for tokens in (8, 30):  # within the warm-up's 8 steps, and beyond
+        own = spac_on_two_layers(alike, tokens)
+        assert own.stats.bytes_copied == 2 * 10**6  # expert 0, once in each layer
+        shared = spac_on_two_layers(replace(alike, tier_overlap=0.0), tokens)
+        assert shared.stats.bytes_copied == 0
+        assert shared.stats.cpu_experts == 2 * tokens  # expert 0 on the CPU, every step
+
+
+def test_spac_on_one_processor_still_copies_what_pays_from_the_first_steps():
+    # The ROUND accelerator is 10x the CPU: expert 0's copy pays back, and on one processor
+    # the balancer takes it within the 8 steps the paper's warm-up would have waited.
+    result = spac_on_two_layers(replace(ROUND, tier_overlap=0.0), tokens=8)
+    assert result.stats.bytes_copied == 2 * 10**6
+    assert result.stats.cpu_experts < 2 * 8
+
+
 def test_given_accepted_drafts_replace_the_seeded_draws():
     trace = one_layer_trace([0] * 40)
     given = (3, 0, 1, 3)

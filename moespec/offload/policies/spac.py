@@ -15,7 +15,8 @@ Per layer l of a pass:
 Ablations (seed 003 Table 2) are `SpAcConfig` switches; see `ABLATIONS`. Beyond the paper:
 where the driver says the tiers share one processor (`tier_overlap` below 1: the CPU engine),
 the balancer weighs the layer's whole time, copies included, and may prefetch nothing
-(balancer.py).
+(balancer.py), from the first step on which it has timed both tiers: there the paper's warm-up
+of static copies is skipped (`_choose_tau`).
 """
 
 from dataclasses import dataclass, replace
@@ -39,7 +40,7 @@ class SpAcConfig:
     fixed_bounds: tuple[float, float] = (1.0, 1.0)
     reference: str = "count"  # what Delta compares f with: count, level, previous (estimator)
     balancer: bool = True  # False: tau = static_tau at every layer and step
-    static_tau: int = 2  # also the tau of the warm-up
+    static_tau: int = 2  # also the tau of the warm-up (tiers of their own; see _choose_tau)
     prefetch: bool = True  # False: static placement from the fit split, no copies
     evict: bool = True  # False: keep what is cached until the cache is full
     speculative: bool = True  # False: plain decoding, utility over a window of tokens
@@ -172,8 +173,20 @@ class SpAcPolicy(OffloadPolicy):
         k = self.estimator.max_utility
         static = min(max(cfg.static_tau, 1), k)
         known = (times.cpu_per_slot, times.accelerator_per_expert, times.mean_layer_seconds(layer))
-        if not cfg.balancer or self._step < cfg.warmup_steps or None in known:
+        if not cfg.balancer:
             return static
+        # Beyond the paper: where the tiers share one processor (serial > 0), the balancer's
+        # objective charges each copy to the compute's cores, so it needs no warm-up of
+        # static copies: it starts as soon as both tiers have been timed. Until a copy has
+        # been timed there, a copy is taken to cost what computing the expert on the CPU
+        # does: it reads the same bytes (and writes them too), so this is a lower bound.
+        serial = 1.0 - self.tier_overlap
+        warmup = cfg.warmup_steps if serial <= 0 else 0
+        if self._step < warmup or None in known:
+            return static
+        per_copy = times.copy_per_expert
+        if per_copy is None and serial > 0:
+            per_copy = times.cpu_per_expert
         # K + 1 levels: plain Python lists (numpy's per-call cost dominates arrays this small)
         u = self.estimator.utility[layer]
         absent_levels = np.bincount(u[~self.cache.present[layer]], minlength=k + 1).tolist()
@@ -186,7 +199,6 @@ class SpAcPolicy(OffloadPolicy):
         else:
             memory_capacity = [free / w] * k
         window = known[2] + (times.draft_per_token or 0.0) * self.draft_length / len(self.tau)
-        per_copy = times.copy_per_expert
         io_capacity = window / per_copy if per_copy else float("inf")
         choice = self.balancer.choose(
             layer,
@@ -196,7 +208,7 @@ class SpAcPolicy(OffloadPolicy):
             slots=self._n_tokens * self.top_k,
             cpu_per_slot=known[0],
             gpu_per_expert=known[1],
-            serial=1.0 - self.tier_overlap,  # beyond the paper: tiers on one processor
+            serial=serial,  # beyond the paper: tiers on one processor
             copy_seconds=per_copy or 0.0,
         )
         return choice.tau
