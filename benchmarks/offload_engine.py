@@ -330,7 +330,8 @@ class CheckpointBench(Bench):
         total = self.trace.num_experts * sum(self.trace.expert_bytes)
         ratio = self.args.expert_cache_ratio
         budget = expert_cache_budget(total, self.trace.expert_bytes[0], ratio=ratio)
-        return this_machine(self.model, self.args.kernel, total, budget)
+        args = self.args
+        return this_machine(self.model, args.kernel, total, budget, args.draft_length + 1)
 
     def measure(self, policy_name: str | None, speculate: bool) -> dict:
         args, model = self.args, self.model
@@ -417,9 +418,9 @@ def routing_trace(model, tokens: list[int]) -> RoutingTrace:
     )
 
 
-def this_machine(model, kernel: str, store_bytes: int, pool_bytes: int):
+def this_machine(model, kernel: str, store_bytes: int, pool_bytes: int, pass_tokens: int):
     """`this-machine` at the model's expert size, its link timed between a store and a pool of
-    the engine's own sizes."""
+    the engine's own sizes, its per-slot term at the verification pass's `pass_tokens`."""
     from moespec.offload.sim.hardware import measure_this_machine
 
     block = next(iter(model.moe_blocks.values()))
@@ -432,6 +433,7 @@ def this_machine(model, kernel: str, store_bytes: int, pool_bytes: int):
         pool_bytes=pool_bytes,
         dtype=e.dtype,  # the CPU tier's products in the engine's own dtype and layout
         packed=e.is_packed,
+        pass_tokens=pass_tokens,
     )
 
 
@@ -514,9 +516,11 @@ class ExpertBench(Bench):
         trace, ratio = self.trace, self.args.expert_cache_ratio
         total = trace.num_experts * sum(trace.expert_bytes)
         budget = expert_cache_budget(total, trace.expert_bytes[0], ratio=ratio)
+        args = self.args
         return expert_profile(
-            self.experts[0], self.args.device, trace.top_k, self.args.kernel, total, budget
-        )
+            self.experts[0], args.device, trace.top_k, args.kernel, total, budget,
+            pass_tokens=args.draft_length + 1,
+        )  # fmt: skip
 
     def measure(self, name: str | None, speculative: bool) -> dict:
         """Replay the trace through the executor (None: the kernel on resident experts)."""
@@ -596,17 +600,18 @@ def expert_profile(
     kernel: str | None = None,
     store_bytes: int | None = None,
     pool_bytes: int | None = None,
+    pass_tokens: int = 16,
 ):
     """`this-machine` at the expert's size, timing the engine's `kernel` (its time per call
-    apart from its time per expert) over a store and a pool of the engine's sizes (as the
-    checkpoint mode does); on CUDA, its link and accelerator parts measured
-    on the device: pinned copies of one expert; the slot kernel on a pass of up to 8 tokens
-    whose slots name distinct experts against a pass of one token and one expert (CUDA events,
-    the median of 20 runs after a warm-up, successive runs on other experts of the layer), whose
-    slope is the accelerator's time per expert. (One token of `top_k` experts against one
-    expert, on an H200: no slope at all, the launch hid 7 experts' reads.) The device kernel's
-    fixed time per call is left to the calibration point, like the rest of a layer's fixed
-    cost."""
+    apart from its time per expert, and per slot on a pass of `pass_tokens`) over a store and
+    a pool of the engine's sizes (as the checkpoint mode does); on CUDA, its link and
+    accelerator parts measured on the device: pinned copies of one expert; the slot kernel on
+    a pass of up to 8 tokens whose slots name distinct experts against a pass of one token
+    and one expert (CUDA events, the median of 20 runs after a warm-up, successive runs on
+    other experts of the layer), whose slope is the accelerator's time per expert. (One token
+    of `top_k` experts against one expert, on an H200: no slope at all, the launch hid 7
+    experts' reads.) The device kernel's fixed time per call is left to the calibration point,
+    like the rest of a layer's fixed cost."""
     from dataclasses import replace
 
     from moespec.offload.sim.hardware import measure_this_machine
@@ -619,6 +624,7 @@ def expert_profile(
         pool_bytes=pool_bytes,
         dtype=experts.dtype,
         packed=experts.is_packed,
+        pass_tokens=pass_tokens,
     )
     if device == "cpu":
         return cpu

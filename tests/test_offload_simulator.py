@@ -286,6 +286,28 @@ def test_this_machine_profile_is_measured_with_the_engine_kernel(tmp_path):
     assert load_profile(path).cpu_bandwidth == profile.cpu_bandwidth
 
 
+def test_the_kernel_probe_recovers_the_timing_models_terms():
+    """`kernel_terms` inverts the model a tier's call is timed by: call + E (phi + w / B +
+    c q / F) for E experts on c rows, from the five calls `_kernel_fit` times."""
+    from moespec.offload.sim.hardware import kernel_terms
+
+    call, phi, bandwidth, flops, itemsize = 150e-6, 12e-6, 30e9, 40e9, 2
+    w, w_small, many, rows = 12_582_912, 786_432, 8, 5
+
+    def model(experts, c, nbytes):
+        q = 2 * nbytes / itemsize
+        return call + experts * (phi + nbytes / bandwidth + c * q / flops)
+
+    times = {
+        "one": model(1, 1, w), "row": model(many, 1, w), "rows": model(many, rows, w),
+        "small_one": model(1, 1, w_small), "small_row": model(many, 1, w_small),
+    }  # fmt: skip
+    terms = kernel_terms(times, w, w_small, many, rows, itemsize)
+    assert terms == pytest.approx(
+        {"bandwidth": bandwidth, "expert_time": phi, "call_time": call, "flops": flops}
+    )
+
+
 def test_a_draft_that_stops_at_its_first_rejected_token_drafts_and_verifies_up_to_it():
     # As the rejected-drafts case above, with the confidence stop always taken: each step
     # drafts 1 token (0.1 ms), not 2, and verifies 2 tokens of expert 0 on the CPU (1 ms).

@@ -295,24 +295,20 @@ def _one_expert(hidden_size: int, intermediate_size: int, count: int = 1, dtype=
     return experts.pack() if packed else experts
 
 
-def _expert_run(experts, tokens: int, expert: int = 0, kernel: str = "dedup", cycle=False):
-    """f(): the engine's `kernel` applying one expert to `tokens` rows (one group of rows);
-    with `cycle`, each call the next expert of `experts` (a store read as the engine reads it)."""
-    import itertools
-
+def _expert_run(experts, tokens: int, expert: int = 0):
+    """f(): moespec's deduplicating kernel applying `expert` to `tokens` rows."""
     import torch
 
     from moespec.kernels import get_kernel
 
-    run_kernel = get_kernel(kernel)
+    run_kernel = get_kernel("dedup")
     x = torch.randn(tokens, experts.hidden_size, dtype=experts.dtype)
     gates = torch.ones(tokens, 1)
-    order = itertools.cycle(range(experts.num_experts)) if cycle else itertools.repeat(expert)
-    ids = [torch.full((tokens, 1), e, dtype=torch.long) for e in range(experts.num_experts)]
+    ids = torch.full((tokens, 1), expert, dtype=torch.long)
 
     def run():
         with torch.inference_mode():
-            return run_kernel(x, ids[next(order)], gates, experts)
+            return run_kernel(x, ids, gates, experts)
 
     return run
 
@@ -326,25 +322,27 @@ def measure_this_machine(
     pool_bytes: int | None = None,
     dtype=None,
     packed: bool = False,
+    pass_tokens: int = 16,
 ) -> HardwareProfile:
     """A CPU-only profile measured here: both tiers are this CPU, the link is a memory copy.
 
     link_bandwidth, link_latency: the engine's own link (`link_times`): one expert fetched
     through its copy thread, from the hand-off to the copy done, at two sizes, between a
-    store of `store_bytes` and a pool of `pool_bytes` (the engine's; see `link_times`);
-    cpu/accelerator bandwidth: one expert of the given size applied to one token by the
-    engine's deduplicating kernel (`moespec.kernels`), weight bytes over the time; fixed
-    time: the same expert at 1/16 of the size, what does not shrink with the bytes; FLOP
-    rate: the extra time of 16 tokens over 1 (one group of 16 rows). Each time is the median
-    of `repeats` calls, each call taking the next expert of a store of `store_bytes`, as the
-    engine's calls read experts the cache does not hold.
+    store of `store_bytes` and a pool of `pool_bytes` (the engine's; see `link_times`).
+    The expert times are the engine's `kernel` (moespec's deduplicating kernel when None)
+    called as a tier calls it, and fitted to the timing model's terms (`_kernel_fit`):
+    kernel_call_time from a call of one expert against one of `CALL_EXPERTS` (one row, each
+    expert named once), cpu/accelerator bandwidth and expert time from the time per expert
+    at the expert's size against 1/16 of it, and the FLOP rate from those experts on
+    `pass_tokens` rows against one row (for the per-slot kernel this is the re-reading of
+    the weights per slot, which the model's per-slot term then carries). Each time is the
+    median of `repeats` calls, each call taking the next experts of a store of
+    `store_bytes`, as the engine's calls read experts the cache does not hold.
     The expert is float32 unless `dtype` names the engine's: torch's CPU bf16 matvec paths
     vary by shape by up to 100x, so a bf16 engine is probed in bf16 at its own shape (an
     H200 host's CPU tier ran bf16 experts at 13-16 GB/s, whole steps counted, where an fp32
     probe read 71); with `packed`, the experts are in the layout `ExpertWeights.pack` gives
-    them, as the engine's store holds a packed model's experts on the CPU. With `kernel` (a
-    moespec expert kernel's name), the fixed times come from that kernel as the engine calls
-    it (`kernel_times`): its time per call and per expert beyond the bytes. Both tiers share
+    them, as the engine's store holds a packed model's experts on the CPU. Both tiers share
     one memory bus here, which the timing model does not know: the profile is for relative
     comparisons.
     """
@@ -354,46 +352,36 @@ def measure_this_machine(
     link_latency, link_bandwidth = link_times(
         hidden_size, intermediate_size, store_bytes=store_bytes, pool_bytes=pool_bytes
     )
-    store = _store_bytes(store_bytes)
-
-    def expert_time(h: int, i: int, tokens: int = 1) -> tuple[float, int]:
-        experts = _store_of_experts(h, i, store, dtype=dtype, packed=packed)
-        run = _expert_run(experts, tokens, cycle=True)
-        return _typical_time(run, repeats), experts.bytes_per_expert
-
-    seconds, nbytes = expert_time(hidden_size, intermediate_size)
-    small_seconds, small_bytes = expert_time(hidden_size // 4, intermediate_size // 4)
-    # Two points on t = fixed + bytes / bandwidth.
-    bandwidth = (nbytes - small_bytes) / max(seconds - small_seconds, 1e-9)
-    fixed = max(small_seconds - small_bytes / bandwidth, 0.0)
-    call = 0.0
-    if kernel is not None:  # the engine's kernel: its time per call beyond its experts' time
-        call, fixed = kernel_times(
-            kernel, hidden_size, intermediate_size, bandwidth, repeats, store, dtype, packed
-        )
-    # The FLOP rate from the extra time of 16 tokens over 1 (2 FLOP per weight per token).
-    batch_seconds, _ = expert_time(hidden_size, intermediate_size, tokens=16)
-    itemsize = (dtype or torch.float32).itemsize
-    flops = 2 * (nbytes / itemsize) * 15 / max(batch_seconds - seconds, 1e-9)
+    fit = _kernel_fit(
+        kernel or "dedup",
+        hidden_size,
+        intermediate_size,
+        _store_bytes(store_bytes),
+        repeats=repeats,
+        dtype=dtype,
+        packed=packed,
+        pass_tokens=pass_tokens,
+    )
     overlap = tier_overlap(hidden_size, intermediate_size, repeats, dtype, packed)
     return HardwareProfile(
         name=THIS_MACHINE,
         link_bandwidth=link_bandwidth,
         link_latency=link_latency,
-        accelerator_bandwidth=bandwidth,
-        accelerator_flops=flops,
-        accelerator_expert_time=fixed,
+        accelerator_bandwidth=fit["bandwidth"],
+        accelerator_flops=fit["flops"],
+        accelerator_expert_time=fit["expert_time"],
         accelerator_memory=0.0,
-        cpu_bandwidth=bandwidth,
-        cpu_flops=flops,
-        cpu_expert_time=fixed,
+        cpu_bandwidth=fit["bandwidth"],
+        cpu_flops=fit["flops"],
+        cpu_expert_time=fit["expert_time"],
         cpu_threads=threads,
-        kernel_call_time=call,
+        kernel_call_time=fit["call_time"],
         tier_overlap=overlap,
         decisions_on_clock=True,
         note=f"measured with torch {torch.__version__} on {threads} threads"
         + (f", {dtype} experts" if dtype is not None else "")
-        + (", packed" if packed else ""),
+        + (", packed" if packed else "")
+        + f", {kernel or 'dedup'} kernel",
         sources=(
             (
                 "link_bandwidth",
@@ -403,17 +391,102 @@ def measure_this_machine(
             ("link_latency", "measured: the same two points' intercept (the thread hand-off)"),
             (
                 "cpu_bandwidth",
-                "measured: one expert on one token, against one at 1/16 size, each the median"
-                " of the repeats over a store of the engine's bytes (successive calls take"
-                " successive experts, so they read memory the cache does not hold)",
+                f"measured: the engine's kernel on 1 and {CALL_EXPERTS} experts a call (time per"
+                " expert), at the expert's size and at 1/16 of it, the slope; medians over a"
+                " store of the engine's bytes (successive calls take successive experts, so"
+                " they read memory the cache does not hold)",
             ),
-            ("cpu_expert_time", "measured: the same two points' intercept"),
-            ("cpu_flops", "measured: 16 tokens against 1 on the expert"),
-            ("kernel_call_time", "measured: the engine's kernel on 1 and 4 experts, one row each"),
+            ("cpu_expert_time", "measured: the same time per expert's intercept"),
+            ("kernel_call_time", "measured: a call's time beyond its one expert's"),
+            (
+                "cpu_flops",
+                f"measured: {CALL_EXPERTS} experts on {pass_tokens} rows against one row",
+            ),
             ("tier_overlap", "measured: two experts in two threads against one alone"),
             ("decisions_on_clock", "the engine's policy runs in Python on these cores"),
         ),
     )
+
+
+CALL_EXPERTS = 8  # experts in the larger probe call: an OLMoE-like top-k pass on one token
+
+
+def _kernel_fit(
+    kernel: str,
+    hidden_size: int,
+    intermediate_size: int,
+    store_bytes: int,
+    *,
+    repeats: int = 31,
+    dtype=None,
+    packed: bool = False,
+    pass_tokens: int = 16,
+) -> dict:
+    """The timing model's terms for a moespec expert kernel on this CPU, as a tier calls it:
+
+        call(E experts of w bytes, c rows each) = call_time + E (expert_time + w / bandwidth
+                                                                 + c q / flops)
+                                                                     (q = 2 w / itemsize)
+
+    Five medians: E = 1 and CALL_EXPERTS at the expert's size and at 1/16 of it (one row),
+    and CALL_EXPERTS experts on `pass_tokens` rows. For the per-slot kernel, which reads an expert's
+    weights again for each of its rows, the per-slot term carries most of a read and
+    `bandwidth` only what the first row costs beyond it: the figures are the kernel's terms
+    in the model, not the memory's. Fitting E = 1 alone at two sizes (as an earlier probe
+    did) folds the call's fixed time into the bandwidth: on a 2-core AMX host it read 15 GB/s
+    where the same kernel streams 28 GB/s in a call of 8 experts."""
+    import itertools
+
+    import torch
+
+    from moespec.kernels import get_kernel
+
+    run_kernel = get_kernel(kernel)
+
+    def median_call(store, experts: int, rows: int = 1) -> float:
+        x = torch.randn(rows, store.hidden_size, dtype=store.dtype)
+        gates = torch.full((rows, experts), 1.0 / experts)
+        firsts = range(0, store.num_experts - experts + 1, experts)
+        ids = [torch.arange(f, f + experts).expand(rows, experts).contiguous() for f in firsts]
+        order = itertools.cycle(ids)
+
+        def run():
+            with torch.inference_mode():
+                return run_kernel(x, next(order), gates, store)
+
+        return _typical_time(run, repeats)
+
+    many, rows = CALL_EXPERTS, max(int(pass_tokens), 2)
+    full = _store_of_experts(hidden_size, intermediate_size, store_bytes, many, dtype, packed)
+    w = full.bytes_per_expert
+    times = {"one": median_call(full, 1), "row": median_call(full, many)}
+    times["rows"] = median_call(full, many, rows)
+    del full
+    small = _store_of_experts(
+        hidden_size // 4, intermediate_size // 4, store_bytes, many, dtype, packed
+    )
+    times["small_one"], times["small_row"] = median_call(small, 1), median_call(small, many)
+    itemsize = (dtype or torch.float32).itemsize
+    return kernel_terms(times, w, small.bytes_per_expert, many, rows, itemsize)
+
+
+def kernel_terms(times: dict, w: int, w_small: int, many: int, rows: int, itemsize: int) -> dict:
+    """`_kernel_fit`'s terms from its five medians (seconds): `one` and `row` (1 and `many`
+    experts on one row), `rows` (`many` experts on `rows` rows), and `small_one`,
+    `small_row` (the same two calls on experts of `w_small` bytes, not `w`)."""
+    per_expert = (times["row"] - times["one"]) / (many - 1)
+    per_slot = max(times["rows"] - times["row"], 1e-12) / (many * (rows - 1))  # q / flops
+    small_per_expert = (times["small_row"] - times["small_one"]) / (many - 1)
+    # The model charges every slot q / flops, the first too: take it out of the one-row
+    # times before fitting the bytes (q grows with the bytes).
+    reads, small_reads = per_expert - per_slot, small_per_expert - per_slot * w_small / w
+    bandwidth = (w - w_small) / max(reads - small_reads, 1e-12)
+    return {
+        "bandwidth": bandwidth,
+        "expert_time": max(small_reads - w_small / bandwidth, 0.0),
+        "call_time": max(times["one"] - per_expert, 0.0),
+        "flops": 2 * (w / itemsize) / per_slot,
+    }
 
 
 def link_times(
@@ -473,48 +546,6 @@ def link_times(
     small, small_bytes = median_fetch(max(hidden_size // 2, 1), max(intermediate_size // 2, 1))
     bandwidth = (big_bytes - small_bytes) / max(big - small, 1e-9)
     return max(small - small_bytes / bandwidth, 0.0), bandwidth
-
-
-def kernel_times(
-    kernel: str,
-    hidden_size: int,
-    intermediate_size: int,
-    bandwidth,
-    repeats=31,
-    store_bytes: int | None = None,
-    dtype=None,
-    packed: bool = False,
-):
-    """(s per call, s per expert beyond its bytes at `bandwidth`) of a moespec expert kernel
-    as the engine calls a tier: U rows, one expert each (U = 1 and 4), experts (float32
-    unless `dtype`; packed with `packed`) taken in turn from a store of `store_bytes` (see
-    `_store_bytes`); medians of `repeats` calls."""
-    import itertools
-
-    import torch
-
-    from moespec.kernels import get_kernel
-
-    run_kernel, count = get_kernel(kernel), 4
-    store = _store_bytes(store_bytes)
-    experts = _store_of_experts(hidden_size, intermediate_size, store, count, dtype, packed)
-    w = experts.bytes_per_expert
-
-    def timed(rows: int) -> float:
-        x = torch.randn(rows, hidden_size, dtype=experts.dtype)
-        gates = torch.ones(rows, 1)
-        groups = itertools.cycle(range(0, experts.num_experts, count))
-        ids = {g: torch.arange(g, g + rows)[:, None] for g in range(0, experts.num_experts, count)}
-
-        def run():
-            with torch.inference_mode():
-                return run_kernel(x, ids[next(groups)], gates, experts)
-
-        return _typical_time(run, repeats)
-
-    one, four = timed(1), timed(count)
-    per_expert = max((four - one) / (count - 1) - w / bandwidth, 0.0)
-    return max(one - per_expert - w / bandwidth, 0.0), per_expert
 
 
 def tier_overlap(
