@@ -124,13 +124,17 @@ class Bench:
     def calibrate(self, row: dict) -> dict:
         """Set the profile's fixed time per layer so that the simulated in-memory step
         without speculation takes the measured one: (measured - simulated) / L; and its time
-        per pass token from passes of 1 and k + 1 tokens timed alone (`pass_growth_ms`)."""
+        per pass token from passes of 1 and k + 1 tokens timed alone (`pass_growth_ms`), less
+        what the timing model already charges those passes' experts for the extra tokens
+        (`expert_growth_ms`): the rest is what grows outside the experts (attention, norms)."""
         measured, simulated = row["measured"]["step_ms"], row["simulated"]["step_ms"]
         before = self.profile.layer_time
         layer_time = before + max(measured - simulated, 0.0) * 1e-3 / self.trace.num_layers
         k = self.args.draft_length
         growth = self.pass_growth_ms(k + 1) if k else 0.0
-        token_time = max(growth, 0.0) * 1e-3 / (k * self.trace.num_layers) if k else 0.0
+        experts = self.expert_growth_ms(k + 1) if k else 0.0
+        outside = max(growth - experts, 0.0)
+        token_time = outside * 1e-3 / (k * self.trace.num_layers) if k else 0.0
         self.profile = replace(self.profile, layer_time=layer_time, layer_token_time=token_time)
         return {
             "point": "in-memory-ar",
@@ -138,12 +142,18 @@ class Bench:
             "uncalibrated_step_ms": simulated,
             "measured_step_ms": measured,
             "pass_growth_ms": growth,
+            "simulated_expert_growth_ms": experts,
             "layer_token_time_s": token_time,
         }
 
     def pass_growth_ms(self, n: int) -> float:
         """How much longer a pass of n tokens takes than one of 1, in memory (expert mode:
         nothing outside the experts grows)."""
+        return 0.0
+
+    def expert_growth_ms(self, n: int) -> float:
+        """What the timing model charges the experts of `pass_growth_ms`'s pass of n tokens
+        beyond those of its pass of 1 (all resident)."""
         return 0.0
 
 
@@ -323,6 +333,22 @@ class CheckpointBench(Bench):
                 times[size].append(self.clock() - start)
                 cache.rollback(len(context))
         return 1e3 * (float(np.median(times[n][1:])) - float(np.median(times[1][1:])))
+
+    def expert_growth_ms(self, n: int) -> float:
+        """The accelerator's expert terms (distinct experts, and slots) for the last n tokens
+        of `pass_growth_ms`'s context against its last one, from the routing recorded for
+        those tokens (at their own positions; the timed passes repeat them one step on)."""
+        p, end = self.profile, len(self.prompt) + len(self.reference) // 2
+        itemsize = self.sim_settings["bytes_per_parameter"]
+        seconds = 0.0
+        for size, sign in ((n, 1.0), (1, -1.0)):
+            window = self.trace.expert_ids[end - size : end]  # [size, L, m]
+            for layer, w in enumerate(self.trace.expert_bytes):
+                distinct, slots = len(np.unique(window[:, layer])), window[:, layer].size
+                expert = p.accelerator_expert_time + w / p.accelerator_bandwidth
+                slot = 2 * w / itemsize / p.accelerator_flops
+                seconds += sign * (distinct * expert + slots * slot)
+        return 1e3 * seconds
 
     def measure_profile(self):
         """`this-machine` at the model's expert size, its link timed between a store and a
