@@ -119,7 +119,95 @@ class Bench:
             accepted=tuple(measured["accepted"]) if k and "accepted" in measured else None,
             **self.sim_settings,
         )
-        return side_by_side(measured, simulate(self.trace, policy, self.profile, settings))
+        # In memory the passes call the kernel directly: no engine bookkeeping.
+        profile = self.profile
+        if not name:
+            profile = replace(profile, offload_layer_time=0.0, offload_split_time=0.0)
+        return side_by_side(measured, simulate(self.trace, policy, profile, settings))
+
+    def bookkeeping(self, experts: dict, profile):
+        """`profile` with the engine's time per layer pass beyond its kernels and its driver's
+        decisions (which the simulator times itself), measured on a k + 1-token pass of the
+        trace (its first after the fit) against the same kernel called on the same store for
+        the whole pass: offload_layer_time on the path of a layer whose experts all run on
+        one tier (a static placement of nothing), offload_split_time what a layer split
+        across both tiers adds to it (half the pass's experts placed: the gathers and the
+        scatter of the two tiers' rows), beyond the second kernel call (kernel_call_time)."""
+        trace, n = self.trace, self.args.draft_length + 1
+        first = len(self.fit.expert_ids)
+        ids = trace.expert_ids[first : first + n].astype(np.int64)  # [n, L, m]
+        none = np.zeros((trace.num_layers, trace.num_experts))
+        half = none.copy()
+        for layer in range(trace.num_layers):
+            distinct = np.unique(ids[:, layer])
+            half[layer, distinct[: max(len(distinct) // 2, 1)]] = 1.0
+        one_tier = self._engine_extra(experts, ids, none)
+        split = self._engine_extra(experts, ids, half) - profile.kernel_call_time
+        measured = (
+            ("offload_layer_time", "measured: the engine on one tier against its kernel"),
+            ("offload_split_time", "measured: the engine split across two tiers, beyond one"),
+        )
+        return replace(
+            profile,
+            offload_layer_time=max(one_tier, 0.0),
+            offload_split_time=max(split - max(one_tier, 0.0), 0.0),
+            sources=(*profile.sources, *measured),
+        )
+
+    def _engine_extra(self, experts: dict, ids: np.ndarray, placed: np.ndarray) -> float:
+        """Median seconds an engine whose static policy places `placed` (> 0) takes per layer
+        over the kernel on its store, less its driver's plan and finish: 21 rounds (after
+        one to warm up), the two alternating in order."""
+        args, trace = self.args, self.trace
+        n = len(ids)
+        static = make_policy("static")
+        static.frequencies_ = placed  # the fitted frequencies: what it preloads
+        w = next(iter(experts.values())).bytes_per_expert
+        budget = max(int(np.count_nonzero(placed)), 1) * w
+        engine = OffloadEngine(
+            experts, static, budget, top_k=trace.top_k, draft_length=n - 1, device=args.device
+        )
+        decided = []  # the driver's plan and finish, thread time: the simulator adds its own
+
+        def timed(method):
+            def call(*a, **kw):
+                start = time.thread_time()
+                try:
+                    return method(*a, **kw)
+                finally:
+                    decided.append(time.thread_time() - start)
+
+            return call
+
+        engine.driver.plan, engine.driver.finish = (
+            timed(engine.driver.plan),
+            timed(engine.driver.finish),
+        )
+        ids = torch.from_numpy(ids).to(args.device)
+        store = engine.store.layers
+        x = torch.randn(n, store[0].hidden_size, dtype=store[0].dtype, device=args.device)
+        weights = torch.full((n, trace.top_k), 1 / trace.top_k, device=args.device)
+        kernel, key, layers = get_kernel(args.kernel), args.kernel, engine.layer_indices
+        via_engine, direct = [], []
+        with engine, torch.inference_mode():
+            engine.start()  # its preload
+            for r in range(22):
+                for through in (r % 2 == 0, r % 2 == 1):
+                    if through:
+                        engine.begin_step(n, drafted=n - 1)
+                    for i, layer in enumerate(layers):
+                        t0 = time.perf_counter()
+                        if through:
+                            engine(layer, x, ids[:, i], weights, key)
+                            via_engine.append(time.perf_counter() - t0)
+                        else:
+                            kernel(x, ids[:, i], weights, store[i])
+                            direct.append(time.perf_counter() - t0)
+                    if through:
+                        engine.end_step(n - 1)
+        skip = len(layers)  # the warm-up round
+        decisions = float(np.median(np.add(decided[0::2], decided[1::2])[skip:]))
+        return float(np.median(via_engine[skip:]) - np.median(direct[skip:])) - decisions
 
     def calibrate(self, row: dict) -> dict:
         """Set the profile's fixed time per layer so that the simulated in-memory step
@@ -357,7 +445,8 @@ class CheckpointBench(Bench):
         ratio = self.args.expert_cache_ratio
         budget = expert_cache_budget(total, self.trace.expert_bytes[0], ratio=ratio)
         args = self.args
-        return this_machine(self.model, args.kernel, total, budget, args.draft_length + 1)
+        profile = this_machine(self.model, args.kernel, total, budget, args.draft_length + 1)
+        return self.bookkeeping({i: b.experts for i, b in self.model.moe_blocks.items()}, profile)
 
     def measure(self, policy_name: str | None, speculate: bool) -> dict:
         args, model = self.args, self.model
@@ -543,10 +632,11 @@ class ExpertBench(Bench):
         total = trace.num_experts * sum(trace.expert_bytes)
         budget = expert_cache_budget(total, trace.expert_bytes[0], ratio=ratio)
         args = self.args
-        return expert_profile(
+        profile = expert_profile(
             self.experts[0], args.device, trace.top_k, args.kernel, total, budget,
             pass_tokens=args.draft_length + 1,
         )  # fmt: skip
+        return self.bookkeeping(self.experts, profile)
 
     def measure(self, name: str | None, speculative: bool) -> dict:
         """Replay the trace through the executor (None: the kernel on resident experts)."""

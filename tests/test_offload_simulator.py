@@ -210,6 +210,26 @@ def test_one_processor_for_both_tiers_adds_their_times():
     assert times[0.0] == pytest.approx(1.1e-3)
 
 
+def test_the_engines_bookkeeping_is_paid_per_layer_and_per_split():
+    # Expert 1 placed (the fit split's tie of 1 and 3 goes to the lower id); the replay needs
+    # 1 and 0 (both tiers), then 0 and 2 (the CPU tier only): 0.2 ms of bookkeeping a layer
+    # pass, 0.3 ms more where it is split.
+    trace = RoutingTrace(
+        np.array([[[1, 3]]] * 2 + [[[1, 0]]] * 2 + [[[0, 2]]] * 2, dtype=np.int64),
+        [0, 6], ["doc"], 4, [10**6], [0],
+    )  # fmt: skip
+    settings = SimulationSettings(
+        draft_bytes_ratio=0.0, cache_ratio=0.25, draft_length=0, tokens=4, fit_tokens=2,
+    )  # fmt: skip
+    seconds = {}
+    for extra in ((0.0, 0.0), (0.2e-3, 0.3e-3)):
+        profile = replace(ROUND, offload_layer_time=extra[0], offload_split_time=extra[1])
+        policy = make_policy("static").fit(trace.first_tokens(2))
+        seconds[extra] = simulate(trace, policy, profile, settings).seconds
+    # tokens 3 and 4 split (0.5 ms each), tokens 5 and 6 on the CPU alone (0.2 ms each)
+    assert seconds[(0.2e-3, 0.3e-3)] - seconds[(0.0, 0.0)] == pytest.approx(1.4e-3)
+
+
 def spac_on_two_layers(profile, tokens):
     """SpAc fitted on [1, 3] (both preloaded, 2 of 8 slots a layer), then replaying [1, 0]:
     expert 0 turns hot on the CPU, and 3 is a cached expert that is not used."""

@@ -10,6 +10,7 @@ A profile is what the timing model of `moespec.offload.sim.simulator` needs and 
                                           drafted token (launches, synchronisation, LM head)
     layer_token_time                      per layer and pass token beyond the first
     tier_overlap, decisions_on_clock      one processor for both tiers (this machine)
+    offload_layer_time, _split_time       the offload engine's bookkeeping per layer pass
 
 Bandwidths are *effective* figures (what a copy or an expert kernel reaches), not datasheet
 peaks; each preset says which nominal figure it starts from and why it is lowered. They are
@@ -53,6 +54,11 @@ class HardwareProfile:
     # engine's dispatch around the products; one call in memory, one per tier when split)
     tier_overlap: float = 1.0  # share of the shorter tier's work hidden under the longer one
     decisions_on_clock: bool = False  # the policy's own wall time counts (this machine)
+    offload_layer_time: float = 0.0  # s per layer pass the offload engine's own bookkeeping
+    # adds beyond its kernels and decisions (routing to numpy, plan lock, timings): measured
+    # on this machine; 0 where a preset's layer_time holds it
+    offload_split_time: float = 0.0  # s more where a layer's experts run on both tiers (the
+    # gathers of each tier's rows and the scatter of their results)
     sources: tuple = ()  # (field, where its number comes from) pairs
 
     def __post_init__(self):
@@ -428,9 +434,10 @@ def _kernel_fit(
                                                                  + c q / flops)
                                                                      (q = 2 w / itemsize)
 
-    Five medians: E = 1 and CALL_EXPERTS at the expert's size and at 1/16 of it (one row),
-    and CALL_EXPERTS experts on `pass_tokens` rows. For the per-slot kernel, which reads an expert's
-    weights again for each of its rows, the per-slot term carries most of a read and
+    Five medians, the calls interleaved (`_interleaved_medians`): E = 1 and CALL_EXPERTS at
+    the expert's size and at 1/16 of it (one row), and CALL_EXPERTS experts on `pass_tokens`
+    rows. For the per-slot kernel, which reads an expert's weights again for each of its
+    rows, the per-slot term carries most of a read and
     `bandwidth` only what the first row costs beyond it: the figures are the kernel's terms
     in the model, not the memory's. Fitting E = 1 alone at two sizes (as an earlier probe
     did) folds the call's fixed time into the bandwidth: on a 2-core AMX host it read 15 GB/s
@@ -443,7 +450,7 @@ def _kernel_fit(
 
     run_kernel = get_kernel(kernel)
 
-    def median_call(store, experts: int, rows: int = 1) -> float:
+    def call(store, experts: int, rows: int = 1):
         x = torch.randn(rows, store.hidden_size, dtype=store.dtype)
         gates = torch.full((rows, experts), 1.0 / experts)
         firsts = range(0, store.num_experts - experts + 1, experts)
@@ -454,20 +461,38 @@ def _kernel_fit(
             with torch.inference_mode():
                 return run_kernel(x, next(order), gates, store)
 
-        return _typical_time(run, repeats)
+        return run
 
     many, rows = CALL_EXPERTS, max(int(pass_tokens), 2)
     full = _store_of_experts(hidden_size, intermediate_size, store_bytes, many, dtype, packed)
-    w = full.bytes_per_expert
-    times = {"one": median_call(full, 1), "row": median_call(full, many)}
-    times["rows"] = median_call(full, many, rows)
-    del full
     small = _store_of_experts(
         hidden_size // 4, intermediate_size // 4, store_bytes, many, dtype, packed
     )
-    times["small_one"], times["small_row"] = median_call(small, 1), median_call(small, many)
+    runs = {
+        "one": call(full, 1), "row": call(full, many), "rows": call(full, many, rows),
+        "small_one": call(small, 1), "small_row": call(small, many),
+    }  # fmt: skip
+    times = _interleaved_medians(runs, repeats)
     itemsize = (dtype or torch.float32).itemsize
-    return kernel_terms(times, w, small.bytes_per_expert, many, rows, itemsize)
+    w, w_small = full.bytes_per_expert, small.bytes_per_expert
+    return kernel_terms(times, w, w_small, many, rows, itemsize)
+
+
+def _interleaved_medians(runs: dict, repeats: int) -> dict:
+    """{name: the median seconds of runs[name]()} over `repeats` rounds that run each once,
+    in an order rotated every round, after two rounds of warm-up: a slow phase of the host
+    falls on every call alike (the fit takes differences of these medians)."""
+    import statistics
+    import time
+
+    names, seconds = list(runs), {name: [] for name in runs}
+    for r in range(repeats + 2):
+        for name in names[r % len(names) :] + names[: r % len(names)]:
+            start = time.perf_counter()
+            runs[name]()
+            if r >= 2:
+                seconds[name].append(time.perf_counter() - start)
+    return {name: statistics.median(t) for name, t in seconds.items()}
 
 
 def kernel_terms(times: dict, w: int, w_small: int, many: int, rows: int, itemsize: int) -> dict:

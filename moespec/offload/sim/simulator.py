@@ -31,6 +31,9 @@ w_l its bytes, q_l = 2 w_l / (bytes per parameter) its FLOPs per token:
     accelerator   a_l(c) = phi_acc + w_l / B_acc + c q_l / F_acc
     CPU           g_l(c) = phi_cpu + w_l / B_cpu + c q_l / F_cpu
     kernel call   kappa once per layer for each tier with experts (the engine's dispatch)
+    bookkeeping   epsilon once per layer (the profile's offload_layer_time: the engine's own
+                  work around its kernels and decisions, on the critical path), and
+                  offload_split_time more where both tiers have experts
     copy          x_l    = lambda_link + w_l / B_link      (one copy engine, copies in sequence)
     hidden states z      = 2 (lambda_link + n d 2 / B_link) per layer with CPU experts (d: hidden)
     dense         d_l    = phi_layer + (n - 1) phi_token + D_l / B_acc   (attention, router,
@@ -49,7 +52,7 @@ draft and earlier layers; a copy holds its cache bytes from its start). Then, in
     accelerator  G_l = r_l + kappa + sum of a_l over experts arrived by r_l, then for each awaited
                  expert in order of arrival: G_l = max(G_l, arrival) + a_l(c)
     CPU          C_l = r_l + kappa + z + sum of g_l over the CPU experts, stretched by contention
-    layer end    t_{l+1} = max(G_l, C_l) + (1 - o) (min(G_l - r_l, C_l - r_l) + X_l)
+    layer end    t_{l+1} = max(G_l, C_l) + epsilon + (1 - o) (min(G_l - r_l, C_l - r_l) + X_l)
                  (o: the profile's tier overlap, 1 for two devices; below 1 where one
                  processor computes both tiers and makes the copies, as on `this-machine`;
                  X_l: the link's busy time in the layer that the accelerator did not wait for)
@@ -194,6 +197,7 @@ class _Costs:
         self.dense = p.layer_time + s.dense_bytes_per_layer / p.accelerator_bandwidth
         self.layer_token = p.layer_token_time
         self.kernel_call = p.kernel_call_time
+        self.bookkeeping, self.split = p.offload_layer_time, p.offload_split_time
         self.step = p.step_time
         self.cpu_read = w / p.cpu_bandwidth  # the weight-reading part of g_l
         self.cpu_slowdown = 1.0
@@ -417,7 +421,9 @@ class _Run:
                 link.advance(now + cpu_busy)  # the copies that share host memory with it
                 overlap = min(link.busy_within(now, now + cpu_busy) / cpu_busy, 1.0)
                 cpu_busy += len(cpu) * costs.cpu_read[layer] * overlap * (costs.cpu_slowdown - 1)
-        end = max(acc_end, now + cpu_busy)
+        end = max(acc_end, now + cpu_busy) + costs.bookkeeping
+        if len(cpu) and len(accelerator):
+            end += costs.split
         if costs.tier_overlap < 1.0:  # one processor for both tiers and the link: turns
             shared = 1.0 - costs.tier_overlap
             link.advance(end)
