@@ -132,7 +132,11 @@ class Bench:
         the whole pass: offload_layer_time on the path of a layer whose experts all run on
         one tier (a static placement of nothing), offload_split_time what a layer split
         across both tiers adds to it (half the pass's experts placed: the gathers and the
-        scatter of the two tiers' rows), beyond the second kernel call (kernel_call_time)."""
+        scatter of the two tiers' rows), beyond the second kernel call (kernel_call_time).
+        On CPU engines only: on a device the tiers run apart, and the calibration point
+        holds the engine's fixed time as it holds the rest of a layer's."""
+        if self.args.device != "cpu":
+            return profile
         trace, n = self.trace, self.args.draft_length + 1
         first = len(self.fit.expert_ids)
         ids = trace.expert_ids[first : first + n].astype(np.int64)  # [n, L, m]
@@ -199,10 +203,9 @@ class Bench:
                         t0 = time.perf_counter()
                         if through:
                             engine(layer, x, ids[:, i], weights, key)
-                            via_engine.append(time.perf_counter() - t0)
                         else:
                             kernel(x, ids[:, i], weights, store[i])
-                            direct.append(time.perf_counter() - t0)
+                        (via_engine if through else direct).append(time.perf_counter() - t0)
                     if through:
                         engine.end_step(n - 1)
         skip = len(layers)  # the warm-up round
