@@ -145,7 +145,7 @@ class Bench:
         for layer in range(trace.num_layers):
             distinct = np.unique(ids[:, layer])
             half[layer, distinct[: max(len(distinct) // 2, 1)]] = 1.0
-        one_tier = self._engine_extra(experts, ids, none)
+        one_tier = max(self._engine_extra(experts, ids, none), 0.0)
         split = self._engine_extra(experts, ids, half) - profile.kernel_call_time
         measured = (
             ("offload_layer_time", "measured: the engine on one tier against its kernel"),
@@ -153,8 +153,8 @@ class Bench:
         )
         return replace(
             profile,
-            offload_layer_time=max(one_tier, 0.0),
-            offload_split_time=max(split - max(one_tier, 0.0), 0.0),
+            offload_layer_time=one_tier,
+            offload_split_time=max(split - one_tier, 0.0),
             sources=(*profile.sources, *measured),
         )
 

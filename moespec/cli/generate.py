@@ -26,6 +26,7 @@ import json
 import sys
 
 from moespec.cli.options import (
+    add_batch_invariant,
     add_dtype,
     add_weights,
     checkpoint_dir,
@@ -105,11 +106,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     add_dtype(parser)
     add_weights(parser)
-    parser.add_argument(
-        "--batch-invariant",
-        default="on",
-        choices=["on", "off"],
-        help="verification passes give every token the bits it gets alone, so greedy "
+    add_batch_invariant(
+        parser,
+        "verification passes give every token the bits it gets alone, so greedy "
         "speculation equals plain greedy decoding in bf16 too (default: on)",
     )
     parser.add_argument(

@@ -9,6 +9,7 @@ import argparse
 import json
 
 from moespec.cli.options import (
+    add_batch_invariant,
     add_dtype,
     add_verify_mode,
     add_weights,
@@ -38,11 +39,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--repeats", type=positive_int, default=10)
     add_verify_mode(parser)
-    parser.add_argument(
-        "--batch-invariant",
-        default="on",
-        choices=["on", "off"],
-        help="time the passes batch-invariant, as `moespec generate` verifies by default",
+    add_batch_invariant(
+        parser,
+        "time the passes batch-invariant, as `moespec generate` verifies by default",
     )
     add_dtype(parser)
     add_weights(parser)

@@ -43,6 +43,11 @@ def weights_name(text: str) -> str:
     return WEIGHT_NAMES[key]
 
 
+def add_batch_invariant(parser: argparse.ArgumentParser, help: str) -> None:
+    """--batch-invariant on|off (default on), as each command explains in `help`."""
+    parser.add_argument("--batch-invariant", default="on", choices=["on", "off"], help=help)
+
+
 def add_verify_mode(parser: argparse.ArgumentParser) -> None:
     """--verify-mode (calibrate.verify.VERIFY_MODES, not imported here: it pulls in torch)."""
     parser.add_argument(

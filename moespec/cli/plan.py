@@ -25,6 +25,7 @@ import argparse
 import json
 
 from moespec.cli.options import (
+    add_batch_invariant,
     add_dtype,
     add_weights,
     at_least,
@@ -74,11 +75,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         " them warm)",
     )
     parser.add_argument("--verify-repeats", type=positive_int, default=10)
-    parser.add_argument(
-        "--batch-invariant",
-        default="on",
-        choices=["on", "off"],
-        help="time the expert operation and whole-model passes batch-invariant, as `moespec "
+    add_batch_invariant(
+        parser,
+        "time the expert operation and whole-model passes batch-invariant, as `moespec "
         "generate` verifies by default (off: plan for a run with --batch-invariant off)",
     )
     parser.add_argument(
