@@ -5,14 +5,16 @@ rejected drafts routed as the demo draft's own proposals (benchmarks/demo_traces
 reading of `estimator.READINGS` (what Delta compares f with, fixed or adaptive boundaries)
 drives SpAc through the simulator at draft length k and acceptance a; its forecast "hot = u >= 1"
 is scored against the pass's active experts (seed 003 §4.3), beside the forecast "hot = active
-in the previous pass" on the same passes. Accuracy does not depend on the hardware profile.
+in the previous pass" on the same passes. Beside them, the history ceiling at depths 1 to 3
+(metrics.history_ceiling): the best any forecast from the last 1, 2 or 3 passes' counts could
+score on those passes, chosen in hindsight, so how much room a longer memory than one pass has.
+Accuracy does not depend on the hardware profile.
 
     python benchmarks/estimator_readings.py --out FILE [--documents 4] [--tokens 256]
 """
 
 import argparse
 import sys
-from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -24,6 +26,7 @@ from moespec.files import check_writable, write_json
 from moespec.offload import get_profile, simulate
 from moespec.offload.policies.estimator import READINGS
 from moespec.offload.policies.spac import SpAcPolicy, reading_config
+from moespec.offload.sim.metrics import history_ceiling
 from moespec.offload.sim.simulator import SimulationSettings
 from moespec.provenance import provenance  # noqa: E402
 
@@ -33,11 +36,12 @@ def main() -> int:
     check_writable(args.out, force=args.force)
     traces = demo_traces(args.documents, args.tokens)
     profile = get_profile("rtx4090-pcie4")
-    rows = []
+    rows, ceilings = [], {}
     for k in args.draft_lengths:
         for reading in READINGS:
             rows.append(score(reading, k, traces, profile, args))
-    print_table(rows)
+        ceilings[k] = ceiling(k, traces, profile, args)
+    print_table(rows, ceilings)
     write_json(
         args.out,
         {
@@ -46,6 +50,7 @@ def main() -> int:
             "traces": [{"name": t.doc_names[0], "tokens": t.num_tokens} for t, _ in traces],
             "readings": {name: list(map(str, r)) for name, r in READINGS.items()},
             "results": rows,
+            "history_ceiling": {str(k): c for k, c in ceilings.items()},
             "provenance": provenance(),
         },
         force=args.force,
@@ -54,21 +59,30 @@ def main() -> int:
     return 0
 
 
+def settings_for(trace, k: int, args, record: bool = False) -> SimulationSettings:
+    return SimulationSettings(
+        cache_ratio=args.expert_cache_ratio,
+        draft_length=k,
+        acceptance=args.acceptance,
+        tokens=trace.num_tokens,
+        fit_tokens=args.fit_tokens,
+        seed=args.seed,
+        record=record,
+    )
+
+
+def run(reading: str, k: int, trace, rejected, profile, args, record: bool = False):
+    policy = SpAcPolicy(reading_config(reading), name=f"spac[{reading}]")
+    policy.fit(trace.first_tokens(args.fit_tokens))
+    settings = settings_for(trace, k, args, record)
+    return simulate(trace, policy, profile, settings, rejected=rejected)
+
+
 def score(reading: str, k: int, traces, profile, args) -> dict:
     """Mean accuracy over the traces (each: its first --fit-tokens the fit split)."""
     accuracy, previous = [], []
     for trace, rejected in traces:
-        settings = SimulationSettings(
-            cache_ratio=args.expert_cache_ratio,
-            draft_length=k,
-            acceptance=args.acceptance,
-            tokens=trace.num_tokens,
-            fit_tokens=args.fit_tokens,
-            seed=args.seed,
-        )
-        policy = SpAcPolicy(reading_config(reading), name=f"spac[{reading}]")
-        policy.fit(trace.first_tokens(args.fit_tokens))
-        result = simulate(trace, policy, profile, replace(settings), rejected=rejected)
+        result = run(reading, k, trace, rejected, profile, args)
         accuracy.append(result.accuracy)
         previous.append(result.previous_pass_accuracy)
     return {
@@ -80,12 +94,32 @@ def score(reading: str, k: int, traces, profile, args) -> dict:
     }
 
 
-def print_table(rows) -> None:
+def ceiling(k: int, traces, profile, args) -> dict:
+    """Mean history ceiling over the traces at depths 1-3, on the passes `score` scores.
+
+    The passes (accepted tokens, where a draft is rejected) come from the settings' seeded
+    draws, not from the policy, so every reading is scored on these same passes.
+    """
+    out = {depth: [] for depth in (1, 2, 3)}
+    for trace, rejected in traces:
+        result = run("count-unit", k, trace, rejected, profile, args, record=True)
+        counts = np.zeros((result.steps, trace.num_layers, trace.num_experts), dtype=np.int64)
+        for entry in result.log["layers"]:
+            counts[entry["step"], entry["layer"], entry["needed"]] = entry["counts"]
+        for depth in out:
+            out[depth].append(history_ceiling(counts, depth))
+    return {f"depth_{d}": float(np.mean(v)) for d, v in out.items()}
+
+
+def print_table(rows, ceilings) -> None:
     print(f"{'reading':<20} {'k':>3} {'acc':>7} {'prev-pass':>10} {'diff':>7}")
     for r in rows:
         acc, prev = r["hot_cold_accuracy"], r["previous_pass_hot_cold_accuracy"]
         name, k = r["reading"], r["draft_length"]
         print(f"{name:<20} {k:>3} {acc:>7.3f} {prev:>10.3f} {acc - prev:>+7.3f}")
+    for k, c in ceilings.items():
+        depths = ", ".join(f"{v:.3f} ({name.replace('_', ' ')})" for name, v in c.items())
+        print(f"k = {k}: history ceiling (in hindsight) {depths}")
 
 
 def parse_args():

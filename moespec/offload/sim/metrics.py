@@ -7,6 +7,13 @@ predicted right, averaged over passes per layer, then over layers.
 Frequency sMAPE: for consecutive passes' frequencies f_{t-1}, f_t of every (layer, expert),
 2 |f_t - f_{t-1}| / (|f_t| + |f_{t-1}|), zero when both vanish (those pairs count, as zeros);
 the mean over pairs, layers and experts.
+
+History ceiling: the best hot/cold accuracy that any forecast from the last `depth` passes' slot
+counts (each capped) can reach, with the forecast chosen in hindsight per layer: for every
+history, "hot" where most passes that followed it had the expert active. No forecast of that
+kind can score higher on the same passes, so it bounds the estimator's "u >= 1" where u
+depends on those counts, and shows how much a longer memory can add (depth 1 contains the
+previous-pass forecast). A bound measured on the scored passes themselves, not a forecast.
 """
 
 import numpy as np
@@ -67,3 +74,27 @@ def frequency_smape(frequencies: np.ndarray) -> float | None:
     for f in frequencies:
         meter.update(f)
     return meter.value()
+
+
+def history_ceiling(frequencies: np.ndarray, depth: int = 2, cap: int = 4) -> float | None:
+    """frequencies [S, L, N] of consecutive passes: the history ceiling (module docstring).
+
+    Scored like AccuracyMeter (passes per layer, then layers); passes before the first have
+    zero counts, as they do for the previous-pass forecast.
+    """
+    f = np.minimum(np.asarray(frequencies, dtype=np.int64), cap)
+    steps, layers, _ = f.shape
+    if steps == 0 or depth < 1:
+        return None
+    padded = np.concatenate([np.zeros((depth, *f.shape[1:]), dtype=np.int64), f])
+    key = np.zeros(f.shape, dtype=np.int64)  # the history as one integer, base cap + 1
+    for j in range(1, depth + 1):
+        key = key * (cap + 1) + padded[depth - j : depth - j + steps]
+    active = f > 0
+    per_layer = []
+    for layer in range(layers):
+        keys, hits = key[:, layer].ravel(), active[:, layer].ravel()
+        seen = np.bincount(keys)
+        on = np.bincount(keys, weights=hits, minlength=len(seen))
+        per_layer.append(np.maximum(on, seen - on).sum() / len(keys))
+    return float(np.mean(per_layer))

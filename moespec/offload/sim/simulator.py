@@ -438,6 +438,7 @@ class _Run:
                     start=now,
                     end=end,
                     needed=experts,
+                    counts=counts,
                     accelerator=accelerator,
                     cpu=cpu,
                     fetch=placed.fetch,
