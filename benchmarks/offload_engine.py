@@ -76,6 +76,8 @@ def main() -> int:
         memory = "in-memory" if make_policy(name).speculative else "in-memory-ar"
         results[name]["offload_overhead_ms"] = overhead(results[name], results[memory])
     print_table(results)
+    paired = paired_ratios(measured, arms, "spac")
+    print_ratios(paired, "spac")
     gate = prediction_gate(results, args.gate_tolerance)
     print(f"gate (|error| <= {args.gate_tolerance:.0%} beyond the calibration point): "
           f"{'met' if gate['met'] else 'missed'}")  # fmt: skip
@@ -92,6 +94,7 @@ def main() -> int:
             "profile_ranges": profile_ranges,
             "calibration": {k: v for k, v in calibration.items() if k != "measured"},
             "results": results,
+            "spac_over": paired,
             "gate": gate,
             "provenance": provenance(),
         },
@@ -274,6 +277,37 @@ def median_profile(profiles: list) -> tuple:
             medians[field.name] = float(np.median(values))
             ranges[field.name] = [min(values), max(values)]
     return replace(first, **medians), ranges
+
+
+def paired_ratios(measured: dict, arms: dict, policy: str) -> dict:
+    """{arm: mode, median, low, high} of `policy`'s measured tokens/s over each other arm's,
+    run by run: the rounds ran every arm once each, so run i of two arms shares round i's
+    load. Mode "speculative" or "autoregressive" (the other arm's decoding), kept apart."""
+    if policy not in measured:
+        return {}
+    mine = np.asarray(measured[policy]["runs_tokens_per_second"])
+    out = {}
+    for arm, (_, speculative) in arms.items():
+        if arm != policy:
+            ratio = mine / np.asarray(measured[arm]["runs_tokens_per_second"])
+            out[arm] = {
+                "mode": "speculative" if speculative else "autoregressive",
+                "median": float(np.median(ratio)),
+                "low": float(ratio.min()),
+                "high": float(ratio.max()),
+            }
+    return out
+
+
+def print_ratios(paired: dict, policy: str) -> None:
+    for mode in ("speculative", "autoregressive"):
+        cells = [
+            f"{arm} {r['median']:.2f} ({r['low']:.2f}-{r['high']:.2f})"
+            for arm, r in paired.items()
+            if r["mode"] == mode
+        ]
+        if cells:
+            print(f"{policy} / arm, per round, {mode}: " + ", ".join(cells))
 
 
 def prediction_gate(results: dict, tolerance: float) -> dict:

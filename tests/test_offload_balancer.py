@@ -103,8 +103,9 @@ def test_warm_up_learns_cpu_and_gpu_shares_per_threshold():
     balancer.record(0, np.array([0, 1, 2]), np.array([1, 1, 2]))
     # tau = 1: only the utility-0 expert is cold: r_c = 1/4 of slots, r_g = 2/3 of experts.
     # tau = 2: utilities 0 and 1 are cold: r_c = 2/4, r_g = 1/3.
-    assert np.allclose(balancer.cpu_share[0], [0.25, 0.5])
-    assert np.allclose(balancer.gpu_share[0], [2 / 3, 1 / 3])
+    r_c, r_g = balancer.shares(0)
+    assert np.allclose(r_c, [0.25, 0.5])
+    assert np.allclose(r_g, [2 / 3, 1 / 3])
     assert balancer.distinct[0] == 3
 
 
@@ -135,11 +136,12 @@ def test_recorded_shares_are_the_counts_of_each_threshold(case):
     counts = np.array([c for _, c in rows])
     balancer.record(0, utilities, counts)
     total = sum(c for _, c in rows)
+    r_c, r_g = balancer.shares(0)
     for tau in range(1, k + 1):
         cold_slots = sum(c for u, c in rows if u < tau)
         hot_experts = sum(1 for u, _ in rows if u >= tau)
-        assert balancer.cpu_share[0, tau - 1] == cold_slots / total
-        assert balancer.gpu_share[0, tau - 1] == hot_experts / len(rows)
+        assert r_c[tau - 1] == pytest.approx(cold_slots / total, rel=1e-12, abs=1e-15)
+        assert r_g[tau - 1] == pytest.approx(hot_experts / len(rows), rel=1e-12, abs=1e-15)
 
 
 # Beyond the paper: tiers on one processor (serial > 0). K = 3; tau = 1..3, and 4 = no prefetch.
@@ -176,3 +178,31 @@ def test_a_device_of_its_own_keeps_the_papers_objective_and_candidates():
     # serial = 0: |T_cpu - T_gpu|, least at tau = 2 (0.0); no-prefetch is never a candidate.
     choice = solve_threshold(**SERIAL_CASE, copy_seconds=0.1, all_cpu_seconds=0.0)
     assert (choice.tau, choice.objective) == (2, 0.0)
+
+
+def test_tiers_on_one_processor_run_a_layer_whole_where_a_split_costs_more():
+    # Nothing to prefetch at any tau; the CPU alone takes 1.1 against 1.0 for both tiers at
+    # tau = 1..3, until a split costs 0.2 more: then tau = 4, the layer in one call on the CPU.
+    none = {**SERIAL_CASE, "prefetch_counts": [0, 0, 0]}
+    cheap = solve_threshold(**none, serial=1.0, all_cpu_seconds=1.1)
+    assert (cheap.tau, cheap.objective) == (1, 1.0)
+    costly = solve_threshold(**none, serial=1.0, split_seconds=0.2, all_cpu_seconds=1.1)
+    assert (costly.tau, costly.objective) == (4, 1.1)
+    # A tier left empty is no split: T_gpu = 0 at tau = 3 costs no split time.
+    empty = {**none, "gpu_times": [0.8, 0.5, 0.0], "cpu_times": [0.2, 0.5, 1.05]}
+    assert solve_threshold(**empty, serial=1.0, split_seconds=0.2, all_cpu_seconds=1.1).tau == 3
+
+
+def test_unit_times_learn_what_a_split_layer_costs_beyond_its_tiers():
+    from moespec.offload.policies.base import LayerTiming, UnitTimes
+
+    times = UnitTimes(num_layers=1)
+    split = LayerTiming(0, 1.0, 0.3, 4, 2, 0.4, 2, 0.0, 0)  # 0.3 s beyond the tiers
+    times.observe_layer(split)
+    assert times.split_seconds is None  # no one-tier pass to compare with yet
+    times.observe_layer(LayerTiming(0, 0.6, 0.5, 6, 3, 0.0, 0, 0.0, 0))  # 0.1 s beyond
+    times.observe_layer(LayerTiming(0, 0.5, 0.0, 0, 0, 0.3, 3, 0.0, 0))  # 0.2 s beyond
+    assert times.split_seconds == pytest.approx(0.3 - 0.15)
+    # tiers that overlap can make a split layer shorter than its tiers: no negative cost
+    times.observe_layer(LayerTiming(0, 0.1, 0.3, 4, 2, 0.4, 2, 0.0, 0))
+    assert times.split_seconds == 0.0

@@ -253,7 +253,31 @@ def test_spac_on_one_processor_copies_nothing_that_cannot_pay():
         assert own.stats.bytes_copied == 2 * 10**6  # expert 0, once in each layer
         shared = spac_on_two_layers(replace(alike, tier_overlap=0.0), tokens)
         assert shared.stats.bytes_copied == 0
-        assert shared.stats.cpu_experts == 2 * tokens  # expert 0 on the CPU, every step
+        # expert 0 on the CPU every step (expert 1 too, where a layer runs whole there)
+        assert shared.stats.cpu_experts >= 2 * tokens
+
+
+def test_spac_on_one_processor_runs_a_layer_whole_where_a_split_costs():
+    # Tiers alike and taking turns, and a split layer costs 0.5 ms more (gather, scatter, a
+    # second call): the balancer learns that cost from the timings and picks tau = K + 1,
+    # the layer in one call on the CPU, cached expert 1 included, and beats static, which
+    # must split every layer. With tiers of their own, cached experts stay on the accelerator.
+    alike = replace(ROUND, accelerator_bandwidth=ROUND.cpu_bandwidth, tier_overlap=0.0)
+    costly = replace(alike, offload_split_time=0.5e-3)
+    result = spac_on_two_layers(costly, tokens=30)
+    assert result.stats.bytes_copied == 0
+    assert result.stats.cpu_experts >= 2 * 2 * 30 - 2 * 3  # both experts, all but the first steps
+    ids = np.array([[1, 3]] * 2 + [[1, 0]] * 40, dtype=np.int64)[:, None, :].repeat(2, axis=1)
+    trace = RoutingTrace(ids, [0, len(ids)], ["doc"], 8, [10**6] * 2, [0, 1])
+    settings = SimulationSettings(
+        draft_bytes_ratio=0.0, cache_ratio=0.25, draft_length=3, acceptance=0.0, tokens=30,
+        fit_tokens=2, rejected_routing="continuation",
+    )  # fmt: skip
+    static = simulate(trace, make_policy("static").fit(trace.first_tokens(2)), costly, settings)
+    assert static.stats.cpu_experts == 2 * 30  # expert 0 on the CPU, expert 1 cached: a split
+    assert result.seconds < static.seconds
+    own = spac_on_two_layers(replace(costly, tier_overlap=1.0), tokens=30)
+    assert own.stats.cpu_experts < 2 * 30  # expert 1 on the accelerator, expert 0 copied
 
 
 def test_spac_on_one_processor_still_copies_what_pays_from_the_first_steps():

@@ -154,7 +154,7 @@ RESULTS = [
         ("offload_engine_olmoe2L.json",),
         (
             "python benchmarks/offload_engine.py --synthetic olmoe-1b-7b --layers 2 --dtype bf16 "
-            "--tokens 96 --repeats 3 --policies lru,spac,static "
+            "--tokens 96 --repeats 5 --policies lru,spac,static "
             f"--out {RESULTS_DIR}/offload_engine_olmoe2L.json --force",
         ),
         2,
@@ -164,7 +164,7 @@ RESULTS = [
         ("policy_overhead.json",),
         (
             f"python benchmarks/policy_overhead.py --out {RESULTS_DIR}/policy_overhead.json "
-            "--rounds 5 --tokens 128 --before-rev 954fec9 --force",
+            "--rounds 5 --tokens 128 --before-rev 0ba278f --force",
         ),
         12,
     ),

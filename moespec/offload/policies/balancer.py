@@ -24,12 +24,17 @@ Beyond the paper, for tiers that share one processor (`serial` s > 0: the share 
 tier's work not hidden under the longer one, 1 - the measured tier overlap; the CPU engine's
 tiers run one after the other and its link thread takes the same cores): the objective is the
 layer's time, max(T_cpu, T_gpu) + s min(T_cpu, T_gpu) + s n(tau) T^u_io (the copies on the
-compute's cores), and tau = K + 1, no prefetch at all, is a candidate too. With s = 0 (a device
-of its own) the objective and the candidates are the paper's. On the CPU engine, where a copy
-makes no expert faster to compute, this keeps SpAc from copying what it cannot win back.
+compute's cores) + s T_split where both tiers have work (the measured cost of splitting a
+layer: its gather, scatter and second call), and tau = K + 1 is a candidate too: nothing hot,
+nothing prefetched, the whole layer on the CPU in one call (SpAc's plan then leaves even its
+cached experts to the CPU). With s = 0 (a device of its own) the objective and the candidates
+are the paper's. On the CPU engine, where a copy or a cached expert makes no expert faster to
+compute, this keeps SpAc from copying what it cannot win back and from splitting a layer that
+one call computes sooner.
 """
 
 from dataclasses import dataclass
+from itertools import accumulate
 
 import numpy as np
 
@@ -51,6 +56,7 @@ def solve_threshold(
     *,
     serial: float = 0.0,
     copy_seconds: float = 0.0,
+    split_seconds: float = 0.0,
     all_cpu_seconds: float | None = None,
 ) -> ThresholdChoice:
     """Exact solution by enumeration; every array is indexed by tau - 1 for tau = 1..K.
@@ -58,20 +64,19 @@ def solve_threshold(
     prefetch_counts: n(tau); io_capacity: experts the link moves in the window;
     memory_capacity: experts that fit in VRAM left(tau); cpu/gpu_times: T_cpu(tau), T_gpu(tau).
     Order: least violation, then the least objective, then the smallest tau. The objective is
-    |T_cpu - T_gpu|; with `serial` s > 0, the layer's time max + s min + s n(tau) copy_seconds,
-    and tau = K + 1 (nothing prefetched; T_cpu = `all_cpu_seconds`, T_gpu = 0) a candidate.
+    |T_cpu - T_gpu|; with `serial` s > 0, the layer's time max + s min + s n(tau) copy_seconds
+    (+ s split_seconds where T_cpu and T_gpu are both above 0), and tau = K + 1 (nothing
+    prefetched; T_cpu = `all_cpu_seconds`, T_gpu = 0) a candidate.
     """
-    candidates = [
-        (float(prefetch_counts[i]), memory_capacity[i], float(cpu_times[i]), float(gpu_times[i]))
-        for i in range(len(prefetch_counts))
-    ]
+    candidates = list(zip(prefetch_counts, memory_capacity, cpu_times, gpu_times, strict=True))
     if serial > 0 and candidates and all_cpu_seconds is not None:
         candidates.append((0.0, float("inf"), float(all_cpu_seconds), 0.0))
     best = None
     for i, (count, memory, cpu, gpu) in enumerate(candidates):
-        violation = max(0.0, count - float(min(io_capacity, memory)))
+        violation = max(0.0, float(count) - float(min(io_capacity, memory)))
         if serial > 0:
-            objective = max(cpu, gpu) + serial * (min(cpu, gpu) + count * copy_seconds)
+            split = split_seconds if cpu > 0 and gpu > 0 else 0.0
+            objective = max(cpu, gpu) + serial * (min(cpu, gpu) + count * copy_seconds + split)
         else:
             objective = abs(cpu - gpu)
         key = (violation, objective, i + 1)
@@ -91,8 +96,11 @@ class WorkloadBalancer:
     def __init__(self, num_layers: int, max_utility: int, warmup_steps: int = 8):
         self.max_utility = max_utility
         self.warmup_steps = warmup_steps
-        self.cpu_share = np.zeros((num_layers, max_utility))  # sum of r_c(tau) [L, K]
-        self.gpu_share = np.zeros((num_layers, max_utility))  # sum of r_g(tau) [L, K]
+        # Per utility level v = 0..K, summed over passes: the share of a pass's slots and of its
+        # distinct experts at v. r_c(tau) and r_g(tau) are their cumulative sums (taken in
+        # `choose`, not at every pass: the sum of cumulative sums is the cumulative sum).
+        self.slot_share = np.zeros((num_layers, max_utility + 1))  # [L, K + 1]
+        self.expert_share = np.zeros((num_layers, max_utility + 1))  # [L, K + 1]
         self.distinct = np.zeros(num_layers)  # sum of b
         self.passes = np.zeros(num_layers)
         self.infeasible = 0
@@ -101,16 +109,23 @@ class WorkloadBalancer:
 
     def record(self, layer: int, utilities: np.ndarray, counts: np.ndarray) -> None:
         """One pass's needed experts at `layer`: their utilities (before the update) and counts."""
-        # Per utility level v = 0..K: the slots and the experts at v; tau = 1..K takes the
-        # levels below tau to the CPU (cumulative sums, the same integers as masks would count).
-        levels = self.max_utility + 1
-        slots = np.bincount(utilities, weights=counts, minlength=levels)[:levels]
-        experts = np.bincount(utilities, minlength=levels)[:levels]
-        b = len(counts)
-        self.cpu_share[layer] += np.cumsum(slots)[:-1] / counts.sum()
-        self.gpu_share[layer] += (b - np.cumsum(experts)[:-1]) / b
-        self.distinct[layer] += len(counts)
+        # Per utility level v = 0..K: the slots and the experts at v (utilities are 0..K).
+        levels, b = self.max_utility + 1, len(counts)
+        self.slot_share[layer] += np.bincount(
+            utilities, weights=counts / counts.sum(), minlength=levels
+        )
+        self.expert_share[layer] += np.bincount(utilities, minlength=levels) / b
+        self.distinct[layer] += b
         self.passes[layer] += 1
+
+    def shares(self, layer: int) -> tuple[list, list]:
+        """(r_c(tau), r_g(tau)) for tau = 1..K, averaged over the passes recorded: the share of
+        a pass's slots at utility below tau, and of its distinct experts at or above. (Plain
+        lists: K + 1 values, where numpy's cost per call is most of the time.)"""
+        passes = max(float(self.passes[layer]), 1.0)
+        slots = accumulate(self.slot_share[layer, :-1].tolist())
+        experts = accumulate(self.expert_share[layer, :-1].tolist())
+        return [s / passes for s in slots], [1.0 - e / passes for e in experts]
 
     def choose(
         self,
@@ -124,12 +139,17 @@ class WorkloadBalancer:
         gpu_per_expert: float,
         serial: float = 0.0,
         copy_seconds: float = 0.0,
+        split_seconds: float = 0.0,
     ) -> ThresholdChoice:
-        """tau for `layer` (module docstring); `serial`, `copy_seconds`: tiers on one
-        processor, and the time of a copy there."""
-        passes = max(self.passes[layer], 1)
-        cpu = self.cpu_share[layer] / passes * slots * cpu_per_slot
-        gpu = self.gpu_share[layer] / passes * (self.distinct[layer] / passes) * gpu_per_expert
+        """tau for `layer` (module docstring); `serial`, `copy_seconds`, `split_seconds`: tiers
+        on one processor, and the time of a copy and of splitting a layer there."""
+        r_c, r_g = self.shares(layer)
+        cpu_unit = slots * cpu_per_slot
+        gpu_unit = (
+            float(self.distinct[layer]) / max(float(self.passes[layer]), 1.0) * gpu_per_expert
+        )
+        cpu = [r * cpu_unit for r in r_c]
+        gpu = [r * gpu_unit for r in r_g]
         choice = solve_threshold(
             prefetch_counts,
             io_capacity,
@@ -138,6 +158,7 @@ class WorkloadBalancer:
             gpu,
             serial=serial,
             copy_seconds=copy_seconds,
+            split_seconds=split_seconds,
             all_cpu_seconds=slots * cpu_per_slot,
         )
         self.choices += 1

@@ -120,8 +120,11 @@ class UnitTimes:
     """Running means of the unit times a policy plans with, learned from observed timings.
 
     T^u_cpu per CPU slot and per CPU expert, T^u_gpu per accelerator expert, T^u_io per copy
-    (seed 003 eq. 7-10), the draft time per drafted token, and each layer's mean time.
-    Each is None until observed.
+    (seed 003 eq. 7-10), the draft time per drafted token, each layer's mean time, and what a
+    split costs: a layer's time beyond its tiers' busy times, as a mean over passes that ran
+    on both tiers less the mean over passes on one (`split_seconds`; the gather, scatter and
+    second call of a split layer, measured where the tiers share a processor). Each is None
+    until observed.
     """
 
     _KEYS = (
@@ -140,8 +143,13 @@ class UnitTimes:
         self.sums = dict.fromkeys(self._KEYS, 0.0)
         self.layer_seconds = np.zeros(num_layers)
         self.layer_passes = np.zeros(num_layers)
+        self.rest = [0.0, 0.0]  # time beyond the tiers' busy times: [one tier, both tiers]
+        self.rest_passes = [0, 0]
 
     def observe_layer(self, t: LayerTiming) -> None:
+        split = int(t.cpu_experts > 0 and t.accelerator_experts > 0)
+        self.rest[split] += t.seconds - t.cpu_seconds - t.accelerator_seconds
+        self.rest_passes[split] += 1
         s = self.sums
         s["cpu_seconds"] += t.cpu_seconds
         s["cpu_slots"] += t.cpu_slots
@@ -180,6 +188,13 @@ class UnitTimes:
     @property
     def draft_per_token(self) -> float | None:
         return self._ratio("draft_seconds", "drafted")
+
+    @property
+    def split_seconds(self) -> float | None:
+        """A split layer's time beyond its tiers' and a one-tier layer's, at least 0 (the tiers
+        taken to run one after the other: on tiers that overlap, a split can cost nothing)."""
+        (one, both), (n_one, n_both) = self.rest, self.rest_passes
+        return max(both / n_both - one / n_one, 0.0) if n_one and n_both else None
 
     def mean_layer_seconds(self, layer: int) -> float | None:
         n = self.layer_passes[layer]

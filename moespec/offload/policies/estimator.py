@@ -97,8 +97,11 @@ class UtilityEstimator:
         self.utility = np.zeros(shape, dtype=np.int64)  # u [L, N]
         self.previous = np.zeros(shape)  # f_{t-1} [L, N]
         start = (max(gamma // 2, 1),) * 2 if adaptive else fixed_bounds
+        if not (start[0] > 0 and start[1] > 0):
+            raise ValueError(f"boundaries (theta_up, theta_down) must be > 0, got {start}")
         self.theta_up = np.full(shape, float(start[0]))
         self.theta_down = np.full(shape, float(start[1]))
+        self._fixed = None if adaptive else (float(start[0]), -float(start[1]))
 
     def update(self, layer: int, frequency: np.ndarray) -> np.ndarray:
         """Observe f [N] for one layer's window; return that layer's new utilities [N]."""
@@ -110,8 +113,11 @@ class UtilityEstimator:
             delta = f - u
         else:
             delta = f - u * (self.window_tokens / self.max_utility)
-        up = delta >= self.theta_up[layer]
-        down = ~up & (-delta >= self.theta_down[layer])
+        # Both boundaries are above 0, so a move up and a move down never meet.
+        if self._fixed is not None:  # plain floats: cheaper than a row of the boundary arrays
+            up, down = delta >= self._fixed[0], delta <= self._fixed[1]
+        else:
+            up, down = delta >= self.theta_up[layer], delta <= -self.theta_down[layer]
         u += up
         u -= down
         np.minimum(u, self.max_utility, out=u)  # (np.clip's checks cost more than this)

@@ -4,7 +4,9 @@ Per layer l of a pass:
   plan_layer  the router has named the pass's experts: cached (or arriving) ones run on the
               accelerator, the rest on the CPU (a miss is never fetched on demand: "CPU fallback
               handles prediction errors", App. B.2); this layer's prefetches that have not
-              started are cancelled (they would arrive after they are needed).
+              started are cancelled (they would arrive after they are needed). Where the
+              balancer chose tau = K + 1 (tiers on one processor only), every expert runs on
+              the CPU, cached or not: the layer in one call, as the balancer's T_cpu assumed.
   end_layer   the estimator observes the layer's frequencies (the pass, or the last 10 tokens
               without speculation) and updates u; the balancer picks tau_l for the next pass;
               experts with u >= tau_l not cached join the prefetch queue at level u, so the
@@ -14,9 +16,9 @@ Per layer l of a pass:
 
 Ablations (seed 003 Table 2) are `SpAcConfig` switches; see `ABLATIONS`. Beyond the paper:
 where the driver says the tiers share one processor (`tier_overlap` below 1: the CPU engine),
-the balancer weighs the layer's whole time, copies included, and may prefetch nothing
-(balancer.py), from the first step on which it has timed both tiers: there the paper's warm-up
-of static copies is skipped (`_choose_tau`).
+the balancer weighs the layer's whole time, copies and the cost of a split included, and may
+prefetch nothing and run the layer on the CPU alone (balancer.py), from the first step on which
+it has timed both tiers: there the paper's warm-up of static copies is skipped (`_choose_tau`).
 """
 
 from dataclasses import dataclass, replace
@@ -122,6 +124,8 @@ class SpAcPolicy(OffloadPolicy):
         u = self.estimator.utility[layer]
         self.balancer.record(layer, u[experts], counts)
         self.cancelled += self.queue.cancel_layer(layer)
+        if self.tau[layer] > self.estimator.max_utility:  # tau = K + 1: nothing hot (serial)
+            return LayerPlan(EMPTY, experts.astype(np.int64), EMPTY)
         cached = self.cache.present[layer, experts]
         resident, misses = experts[cached], experts[~cached]
         self.pool.move_many(layer, resident.tolist(), u[resident].tolist())  # used now: last
@@ -162,6 +166,10 @@ class SpAcPolicy(OffloadPolicy):
         self.queue.push_many(layer, hot.tolist(), u[hot].tolist())
 
     def _window_frequency(self, layer, experts, counts) -> np.ndarray:
+        if self.speculative:  # the window is the pass
+            f = np.zeros(self.cache.num_experts)
+            f[experts] = counts
+            return f
         ring = self._ring
         slot = self._step % len(ring)
         ring[slot, layer] = 0
@@ -210,6 +218,7 @@ class SpAcPolicy(OffloadPolicy):
             gpu_per_expert=known[1],
             serial=serial,  # beyond the paper: tiers on one processor
             copy_seconds=per_copy or 0.0,
+            split_seconds=(times.split_seconds or 0.0) if serial > 0 else 0.0,
         )
         return choice.tau
 
