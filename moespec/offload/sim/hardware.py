@@ -55,8 +55,9 @@ class HardwareProfile:
     tier_overlap: float = 1.0  # share of the shorter tier's work hidden under the longer one
     decisions_on_clock: bool = False  # the policy's own wall time counts (this machine)
     offload_layer_time: float = 0.0  # s per layer pass the offload engine's own bookkeeping
-    # adds beyond its kernels and decisions (routing to numpy, plan lock, timings): measured
-    # on this machine; 0 where a preset's layer_time holds it
+    # adds beyond its kernels and decisions (routing to numpy, plan lock, timings, and what
+    # the decisions cost more between its kernels than the simulator times them back to
+    # back): measured on this machine; 0 where a preset's layer_time holds it
     offload_split_time: float = 0.0  # s more where a layer's experts run on both tiers (the
     # gathers of each tier's rows and the scatter of their results)
     sources: tuple = ()  # (field, where its number comes from) pairs
