@@ -161,6 +161,8 @@ class SpAcPolicy(OffloadPolicy):
         if not self.config.prefetch:
             return
         tau = self.tau[layer] = self._choose_tau(layer)
+        if tau > self.estimator.max_utility:  # nothing hot: nothing to prefetch
+            return
         hot = np.flatnonzero((u >= tau) & ~present)
         hot = hot[np.argsort(-u[hot], kind="stable")]
         self.queue.push_many(layer, hot.tolist(), u[hot].tolist())
