@@ -258,16 +258,18 @@ class Bench:
 
 
 def measure_in_rounds(bench, arms: dict, repeats: int) -> tuple[dict, list]:
-    """Every arm warmed once, then `repeats` rounds measuring the profile and each arm once,
-    in order: load from elsewhere on the machine falls on every arm and on the profile alike.
-    The median run of each arm, and the rounds' profiles."""
+    """Every arm warmed once, then `repeats` rounds measuring the profile and each arm once:
+    load from elsewhere on the machine falls on every arm and on the profile alike. The arms'
+    order turns by one place each round, so that no arm always follows the same one. The
+    median run of each arm, and the rounds' profiles (runs kept in round order)."""
     for name, speculative in arms.values():
         bench.measure(name, speculative)
-    runs, profiles = {arm: [] for arm in arms}, []
-    for _ in range(repeats):
+    runs, profiles, order = {arm: [] for arm in arms}, [], list(arms)
+    for r in range(repeats):
         profiles.append(bench.measure_profile())
-        for arm, (name, speculative) in arms.items():
-            runs[arm].append(bench.measure(name, speculative))
+        turn = r % len(order)
+        for arm in order[turn:] + order[:turn]:
+            runs[arm].append(bench.measure(*arms[arm]))
     return {arm: median_run(r) for arm, r in runs.items()}, profiles
 
 
