@@ -107,6 +107,12 @@ def test_warm_up_learns_cpu_and_gpu_shares_per_threshold():
     assert np.allclose(r_c, [0.25, 0.5])
     assert np.allclose(r_g, [2 / 3, 1 / 3])
     assert balancer.distinct[0] == 3
+    # A second pass, one expert at utility 0 with 8 slots (r_c = 1, 1; r_g = 0, 0): the shares
+    # are means over passes (App. C.1), not ratios of summed slots (which would give 9/12).
+    balancer.record(0, np.array([0]), np.array([8]))
+    r_c, r_g = balancer.shares(0)
+    assert np.allclose(r_c, [(0.25 + 1) / 2, (0.5 + 1) / 2])
+    assert np.allclose(r_g, [(2 / 3) / 2, (1 / 3) / 2])
 
 
 def test_the_link_takes_misses_while_the_cpu_queue_would_finish_later():
