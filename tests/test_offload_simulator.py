@@ -267,6 +267,7 @@ def test_spac_on_one_processor_runs_a_layer_whole_where_a_split_costs():
     result = spac_on_two_layers(costly, tokens=30)
     assert result.stats.bytes_copied == 0
     assert result.stats.cpu_experts >= 2 * 2 * 30 - 2 * 3  # both experts, all but the first steps
+    assert result.policy_stats["balancer_none_hot"] >= 2 * 30 - 2 * 3  # tau = K + 1 those steps
     ids = np.array([[1, 3]] * 2 + [[1, 0]] * 40, dtype=np.int64)[:, None, :].repeat(2, axis=1)
     trace = RoutingTrace(ids, [0, len(ids)], ["doc"], 8, [10**6] * 2, [0, 1])
     settings = SimulationSettings(
@@ -278,6 +279,7 @@ def test_spac_on_one_processor_runs_a_layer_whole_where_a_split_costs():
     assert result.seconds < static.seconds
     own = spac_on_two_layers(replace(costly, tier_overlap=1.0), tokens=30)
     assert own.stats.cpu_experts < 2 * 30  # expert 1 on the accelerator, expert 0 copied
+    assert own.policy_stats["balancer_none_hot"] == 0  # not a candidate for tiers of their own
 
 
 def test_spac_on_one_processor_still_copies_what_pays_from_the_first_steps():

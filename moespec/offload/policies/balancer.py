@@ -104,6 +104,7 @@ class WorkloadBalancer:
         self.distinct = np.zeros(num_layers)  # sum of b
         self.passes = np.zeros(num_layers)
         self.infeasible = 0
+        self.none_hot = 0
         self.choices = 0
         self.tau_sum = 0
 
@@ -164,6 +165,7 @@ class WorkloadBalancer:
         self.choices += 1
         self.tau_sum += choice.tau
         self.infeasible += not choice.feasible
+        self.none_hot += choice.tau > self.max_utility  # tau = K + 1 (serial tiers only)
         return choice
 
 

@@ -252,8 +252,10 @@ class SpAcPolicy(OffloadPolicy):
         b = self.balancer
         return {
             "max_utility": self.estimator.max_utility,
+            # tau = K + 1 (tiers on one processor): nothing hot, the layer whole on the CPU
             "mean_tau": b.tau_sum / b.choices if b.choices else float(self.tau.mean()),
             "balancer_choices": b.choices,
+            "balancer_none_hot": b.none_hot,
             "balancer_infeasible": b.infeasible,
             "cancelled_prefetches": self.cancelled,
         }
