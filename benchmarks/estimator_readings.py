@@ -59,8 +59,11 @@ def main() -> int:
     return 0
 
 
-def settings_for(trace, k: int, args, record: bool = False) -> SimulationSettings:
-    return SimulationSettings(
+def run(reading: str, k: int, trace, rejected, profile, args, record: bool = False):
+    """SpAc with the estimator `reading` simulated on one trace (its first --fit-tokens fit)."""
+    policy = SpAcPolicy(reading_config(reading), name=f"spac[{reading}]")
+    policy.fit(trace.first_tokens(args.fit_tokens))
+    settings = SimulationSettings(
         cache_ratio=args.expert_cache_ratio,
         draft_length=k,
         acceptance=args.acceptance,
@@ -69,12 +72,6 @@ def settings_for(trace, k: int, args, record: bool = False) -> SimulationSetting
         seed=args.seed,
         record=record,
     )
-
-
-def run(reading: str, k: int, trace, rejected, profile, args, record: bool = False):
-    policy = SpAcPolicy(reading_config(reading), name=f"spac[{reading}]")
-    policy.fit(trace.first_tokens(args.fit_tokens))
-    settings = settings_for(trace, k, args, record)
     return simulate(trace, policy, profile, settings, rejected=rejected)
 
 

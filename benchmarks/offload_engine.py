@@ -179,16 +179,16 @@ class Bench:
             experts, static, budget, top_k=trace.top_k, draft_length=n - 1, device=args.device
         )
         plan, finish = engine.driver.plan, engine.driver.finish
-        calls = {plan: [], finish: []}  # each layer pass's arguments, to replay
+        plans, finishes = [], []  # each layer pass's arguments, to replay
 
-        def recorded(method):
+        def recorded(method, calls):
             def call(*a):
-                calls[method].append(a)
+                calls.append(a)
                 return method(*a)
 
             return call
 
-        engine.driver.plan, engine.driver.finish = recorded(plan), recorded(finish)
+        engine.driver.plan, engine.driver.finish = recorded(plan, plans), recorded(finish, finishes)
         ids = torch.from_numpy(ids).to(args.device)
         store = engine.store.layers
         x = torch.randn(n, store[0].hidden_size, dtype=store[0].dtype, device=args.device)
@@ -214,7 +214,7 @@ class Bench:
             replayed = []
             with engine.lock:
                 for _ in range(3):
-                    for p, f in zip(calls[plan][skip:], calls[finish][skip:], strict=True):
+                    for p, f in zip(plans[skip:], finishes[skip:], strict=True):
                         start = time.thread_time()
                         finish(*f[:3], plan(*p), f[4])
                         replayed.append(time.thread_time() - start)
