@@ -19,6 +19,7 @@ COMMANDS = {
     "reuse": "moespec.cli.reuse",
     "synth-trace": "moespec.cli.synth_trace",
     "serve": "moespec.cli.serve",
+    "convert": "moespec.cli.convert",
     "export-gguf": "moespec.cli.export_gguf",
     "env": "moespec.cli.env",
 }

@@ -29,6 +29,10 @@ import torch
 from moespec.kernels.isa import FLAGS, cpu_family, cpu_flags, this_cpu
 from moespec.kernels.native import INT8, PAIRS, attention_function, layout_function, native
 
+# Devices whose weights take this CPU's layouts: the CPU, and the meta device of a converted
+# model's skeleton (moespec.models.converted), whose layouts must be the CPU's to the byte.
+HOST = ("cpu", "meta")
+
 __all__ = ["FLAGS", "CpuPaths", "cpu_family", "cpu_flags", "cpu_paths", "weight_paths"]
 
 PATH_REASONS = {

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from moespec.kernels.cpu import format_name
+from moespec.kernels.cpu import HOST, format_name
 from moespec.kernels.linear import PackedWeight, dense, pack
 from moespec.kernels.native import PairWeight
 from moespec.kernels.quant import Int8Weight, quantize_int8
@@ -146,7 +146,7 @@ class ExpertWeights:
 
     def pack(self) -> "ExpertWeights":
         """Pack every expert for the CPU's fast path and drop the stacked copies (in place)."""
-        if self.is_packed or self.gate_up.device.type != "cpu":
+        if self.is_packed or self.gate_up.device.type not in HOST:
             return self
         gate_up = [pack(self.gate_up[e]) for e in range(self.num_experts)]
         down = [pack(self.down[e]) for e in range(self.num_experts)]

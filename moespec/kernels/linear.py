@@ -13,13 +13,16 @@ native call.
 import torch
 import torch.nn.functional as F
 
-from moespec.kernels.cpu import cpu_paths
+from moespec.kernels.cpu import HOST, cpu_paths
 from moespec.kernels.invariance import chunked, is_batch_invariant
 from moespec.kernels.native import PairWeight, batch_products, pairs_product
 from moespec.kernels.quant import Int8Weight, int8_product
 from moespec.kernels.threads import intra_op_threads, product_threads
 
 PACK_FP32_MIN_BYTES = 1 << 20
+# While set (`portable_layouts`), `pack` makes only layouts that can be written to a file and
+# mapped back (the native pair layout), and leaves weights oneDNN would pack as they are.
+_PORTABLE = False
 
 
 class PackedWeight:
@@ -36,6 +39,19 @@ class PackedWeight:
         return self.packed.to_dense()
 
 
+class portable_layouts:
+    """Within this block, `pack` never returns oneDNN's opaque layout (moespec.models.converted
+    writes the final layouts to disk and packs the rest for oneDNN when it loads them)."""
+
+    def __enter__(self):
+        global _PORTABLE
+        self._before, _PORTABLE = _PORTABLE, True
+
+    def __exit__(self, *exc):
+        global _PORTABLE
+        _PORTABLE = self._before
+
+
 def packing_available(dtype: torch.dtype = torch.bfloat16) -> bool:
     """Whether this CPU's chosen path for the dtype is oneDNN's packed one."""
     return cpu_paths().path(dtype) == "onednn-packed"
@@ -45,11 +61,11 @@ def pack(weight) -> "torch.Tensor | PackedWeight | PairWeight | Int8Weight":
     """The weight in the layout of this CPU's path for its dtype (moespec.kernels.cpu): the
     native pair layout or oneDNN's blocked one, else the weight itself (int8 weights have
     their own kernel and stay as they are)."""
-    if not isinstance(weight, torch.Tensor) or weight.device.type != "cpu" or weight.dim() != 2:
+    if not isinstance(weight, torch.Tensor) or weight.device.type not in HOST or weight.dim() != 2:
         return weight
     if weight.dtype == torch.bfloat16 and cpu_paths().bf16 == "native-pairs":
         return PairWeight(weight)
-    if weight.dtype == torch.float32 and weight.nbytes < PACK_FP32_MIN_BYTES:
+    if _PORTABLE or (weight.dtype == torch.float32 and weight.nbytes < PACK_FP32_MIN_BYTES):
         return weight
     if not packing_available(weight.dtype):
         return weight  # fp16, or a CPU where oneDNN does not pack this dtype

@@ -16,7 +16,7 @@ for the first on every x86 CPU and none for the second; measured on one [2048, 2
 
 import torch
 
-from moespec.kernels.cpu import cpu_paths
+from moespec.kernels.cpu import HOST, cpu_paths
 from moespec.kernels.native import int8_pairs_product, pack_pairs, unpack_pairs
 
 INT8_MAX = 127
@@ -72,7 +72,7 @@ def pairs_path(weight: torch.Tensor) -> bool:
     CPU where the native int8 loops run."""
     return (
         weight.dtype == torch.bfloat16
-        and weight.device.type == "cpu"
+        and weight.device.type in HOST
         and (cpu_paths().int8 == "native-int8-pairs")
     )
 

@@ -133,13 +133,16 @@ def _replace(config: ModelConfig, **changes) -> ModelConfig:
 
 def load_model(
     path: str | Path,
-    dtype: str | torch.dtype = torch.bfloat16,
+    dtype: str | torch.dtype | None = None,
     *,
     pack: bool = True,
     pack_experts: bool = True,
     weights: str | None = None,
 ) -> tuple[Transformer, Tokenizer]:
-    """Load a checkpoint directory into a Transformer, with its tokenizer.
+    """Load a checkpoint directory into a Transformer, with its tokenizer: a Hugging Face
+    checkpoint, read one layer at a time into its final layout (`model_parts`), or a
+    converted one (moespec.models.converted), whose weights are mapped from its file.
+    dtype: the run's (default bf16; a converted model's own).
 
     Every tensor is checked (present, float, right shape) before the model exists; an error
     names the file and the tensor. pack: re-lay the large weights out for the CPU's fastest
@@ -152,34 +155,85 @@ def load_model(
     weight in it.
     """
     path = Path(path)
+    from moespec.models import converted
+
+    if converted.is_converted(path):
+        return converted.load_converted(path, dtype, weights=weights, pack=pack,
+                                        pack_experts=pack_experts)
     config = load_config(path)
-    dtype = parse_dtype(dtype)
+    dtype = parse_dtype(dtype or torch.bfloat16)
     check_weights(weights, dtype)
     architecture = ARCHITECTURES[config.model_type]
     tokenizer = Tokenizer(path / "tokenizer.json")
-    model = _build(config, TensorReader(path), architecture, dtype)
-    if weights in INT8_FORMATS:
-        model.quantize_int8(dense=weights == "int8")
-    if pack:
-        model.pack(experts=pack_experts)
+    finish = finishing(weights, pack, pack_experts)
+    model = _build(config, TensorReader(path), architecture, dtype, finish)
+    finish_head(model, weights, pack)
     return model, tokenizer
 
 
-def _build(config: ModelConfig, reader: TensorReader, architecture, dtype) -> Transformer:
+def finishing(weights: str | None, pack: bool, pack_experts: bool = True):
+    """The final layout of one layer, applied as soon as it is read (`load_model`'s weights
+    and pack): int8 first, then packing."""
+    from moespec.models.transformer import pack_layer, quantize_layer
+
+    def finish(layer: Layer) -> None:
+        if weights in INT8_FORMATS:
+            quantize_layer(layer, dense=weights == "int8")
+        if pack:
+            pack_layer(layer, pack_experts)
+
+    return finish
+
+
+def finish_head(model: Transformer, weights: str | None, pack: bool) -> None:
+    """The output head's final layout (`finishing` for the head; after the layers)."""
+    model.lm_head = finished_head(model.lm_head, weights, pack)
+    model._weights_changed()
+
+
+def finished_head(lm_head, weights: str | None, pack: bool):
+    """The head in its final layout: int8 under weights "int8", then packed (a head tied to
+    the embeddings becomes a copy only where one of them changes it)."""
+    from moespec.kernels.linear import dense as dense_weight
+    from moespec.kernels.linear import pack as pack_weight
+    from moespec.kernels.quant import quantize_int8
+
+    if weights == "int8":
+        lm_head = quantize_int8(dense_weight(lm_head))
+    return pack_weight(lm_head) if pack else lm_head
+
+
+def _build(config: ModelConfig, reader: TensorReader, architecture, dtype, finish=None):
+    """The Transformer of `reader`'s tensors, one layer at a time (`model_parts`)."""
+    parts = dict(model_parts(config, reader, architecture, dtype, finish))
+    layers = [parts[f"layers.{i}"] for i in range(config.num_layers)]
+    return Transformer(config, parts["embed"], layers, parts["norm"], parts["lm_head"], dtype)
+
+
+def model_parts(config: ModelConfig, reader: TensorReader, architecture, dtype, finish=None):
+    """Yield (name, part) in reading order: "embed", "lm_head" (the embeddings themselves
+    when tied), "layers.0" ... (each a Layer, given its final layout by `finish(layer)` as
+    soon as it is read) and "norm". The source pages are released after each part, so
+    loading holds the finished parts and one layer's source, never the whole model in
+    `dtype` first; a converter writes each part and drops it (moespec.models.converted)."""
     c = config
     base = getattr(architecture, "weights_prefix", lambda _: "model")(reader)
     norm = getattr(architecture, "load_norm", _norm)
     embed = reader.get(f"{base}.embed_tokens.weight", (c.vocab_size, c.hidden_size), dtype)
+    yield "embed", embed
     if c.tie_word_embeddings or "lm_head.weight" not in reader:
-        lm_head = embed
+        yield "lm_head", embed
     else:
-        lm_head = reader.get("lm_head.weight", (c.vocab_size, c.hidden_size), dtype)
-    layers = [
-        _build_layer(c, reader, architecture, dtype, f"{base}.layers.{i}", i)
-        for i in range(c.num_layers)
-    ]
-    final_norm = norm(reader, f"{base}.norm.weight", c.hidden_size, dtype)
-    return Transformer(c, embed, layers, final_norm, lm_head, dtype)
+        yield "lm_head", reader.get("lm_head.weight", (c.vocab_size, c.hidden_size), dtype)
+    reader.release()
+    for i in range(c.num_layers):
+        layer = _build_layer(c, reader, architecture, dtype, f"{base}.layers.{i}", i)
+        if finish is not None:
+            finish(layer)
+        reader.release()
+        yield f"layers.{i}", layer
+    yield "norm", norm(reader, f"{base}.norm.weight", c.hidden_size, dtype)
+    reader.release()
 
 
 def _build_layer(c: ModelConfig, reader, architecture, dtype, prefix: str, i: int) -> Layer:

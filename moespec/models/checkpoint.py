@@ -1,9 +1,11 @@
 """Reading a Hugging Face checkpoint directory: config.json, safetensors (single or sharded).
 
-Tensors are read one at a time from memory-mapped safetensors files and converted to the run's
-dtype; experts are stacked as [E, out, in] whatever the checkpoint's layout (per expert, as
-real Qwen3/OLMoE/Mixtral checkpoints and `save_pretrained` write them, or fused). Every failure
-is a `CheckpointError` naming the file and the tensor; nothing half-loaded is returned.
+Tensors are read one at a time from memory-mapped safetensors files (moespec.models.tensorfile)
+and copied into the run's dtype; `release()` drops the pages read so far from this process, so
+a loader that finishes each layer before the next holds one layer's source at a time. Experts
+are stacked as [E, out, in] whatever the checkpoint's layout (per expert, as real
+Qwen3/OLMoE/Mixtral checkpoints and `save_pretrained` write them, or fused). Every failure is a
+`CheckpointError` naming the file and the tensor; nothing half-loaded is returned.
 """
 
 import json
@@ -11,7 +13,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-from safetensors import SafetensorError, safe_open
+
+from moespec.models.tensorfile import SafetensorsFile, TensorFileError
 
 FLOAT_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 
@@ -48,9 +51,11 @@ def read_json(path: Path) -> dict:
 class TensorReader:
     """The tensors of a checkpoint directory, read lazily from memory-mapped safetensors files."""
 
+    device = torch.device("cpu")  # where the tensors it returns live
+
     def __init__(self, directory: Path):
         self.directory = Path(directory)
-        self._handles: dict[Path, object] = {}
+        self._handles: dict[Path, SafetensorsFile] = {}
         self.file_of = self._index()
 
     def _index(self) -> dict[str, Path]:
@@ -71,28 +76,58 @@ class TensorReader:
             )
         return {name: single for name in self._open(single).keys()}  # noqa: SIM118
 
-    def _open(self, path: Path):
+    def _open(self, path: Path) -> SafetensorsFile:
         if path not in self._handles:
             try:
-                self._handles[path] = safe_open(str(path), framework="pt")
-            except (SafetensorError, OSError, ValueError) as error:
-                raise CheckpointError(
-                    f"{path} is not a readable safetensors file: {error}"
-                ) from None
+                self._handles[path] = SafetensorsFile(path)
+            except TensorFileError as error:
+                raise CheckpointError(str(error)) from None
         return self._handles[path]
+
+    def release(self) -> None:
+        """Drop every page read so far from this process (the tensors returned are copies)."""
+        for handle in self._handles.values():
+            handle.release()
+
+    def spec(self, name: str) -> tuple[torch.dtype, tuple[int, ...]]:
+        """(dtype, shape) of tensor `name` as stored."""
+        if name not in self.file_of:
+            raise CheckpointError(f"tensor {name!r} is missing from {self._where()}")
+        return self._open(self.file_of[name]).spec(name)
+
+    def source_tensors(self) -> dict[str, list]:
+        """{name: [dtype name, shape]} of every tensor, for a converted model's manifest."""
+        from moespec.models.tensorfile import NAMES
+
+        out = {}
+        for name in sorted(self.file_of):
+            dtype, shape = self.spec(name)
+            out[name] = [NAMES[dtype], list(shape)]
+        return out
 
     def __contains__(self, name: str) -> bool:
         return name in self.file_of
 
     def get(self, name: str, shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
-        """The tensor `name`, checked against `shape`, converted to `dtype`."""
+        """The tensor `name`, checked against `shape`, converted to `dtype` (a copy: the
+        source's pages can be released)."""
         path, tensor = self._read(name, shape)
         if tensor.dtype not in FLOAT_DTYPES:
             raise CheckpointError(
                 f"{path}: tensor {name!r} has dtype {tensor.dtype}; expected float32, "
                 "float16 or bfloat16"
             )
-        return tensor.to(dtype)
+        return tensor.to(dtype, copy=True)
+
+    def read_into(self, name: str, out: torch.Tensor) -> None:
+        """Copy the float tensor `name` (checked against out's shape) into `out`, converting."""
+        path, tensor = self._read(name, tuple(out.shape))
+        if tensor.dtype not in FLOAT_DTYPES:
+            raise CheckpointError(
+                f"{path}: tensor {name!r} has dtype {tensor.dtype}; expected float32, "
+                "float16 or bfloat16"
+            )
+        out.copy_(tensor)
 
     def get_bytes(self, name: str, shape: tuple[int, ...]) -> torch.Tensor:
         """The uint8 tensor `name` (packed quantized weights or their scales), checked."""
@@ -101,15 +136,15 @@ class TensorReader:
             raise CheckpointError(
                 f"{path}: tensor {name!r} has dtype {tensor.dtype}; expected uint8"
             )
-        return tensor
+        return tensor.clone()
 
     def _read(self, name: str, shape: tuple[int, ...]) -> tuple[Path, torch.Tensor]:
         if name not in self.file_of:
             raise CheckpointError(f"tensor {name!r} is missing from {self._where()}")
         path = self.file_of[name]
         try:
-            tensor = self._open(path).get_tensor(name)
-        except (SafetensorError, OSError, ValueError, RuntimeError) as error:
+            tensor = self._open(path).view(name)
+        except (OSError, ValueError, RuntimeError) as error:
             raise CheckpointError(f"{path}: tensor {name!r} cannot be read: {error}") from None
         if tuple(tensor.shape) != tuple(shape):
             raise CheckpointError(
@@ -138,11 +173,11 @@ def load_experts(
         down = reader.get(f"{prefix}.experts.down_proj", (num_experts, hidden, inter), dtype)
         return gate_up, down
     gate_name, up_name, down_name = layout.expert_projections
-    gate_up = torch.empty(num_experts, 2 * inter, hidden, dtype=dtype)
-    down = torch.empty(num_experts, hidden, inter, dtype=dtype)
+    gate_up = torch.empty(num_experts, 2 * inter, hidden, dtype=dtype, device=reader.device)
+    down = torch.empty(num_experts, hidden, inter, dtype=dtype, device=reader.device)
     for e in range(num_experts):
         base = f"{prefix}.experts.{e}"
-        gate_up[e, :inter] = reader.get(f"{base}.{gate_name}.weight", (inter, hidden), dtype)
-        gate_up[e, inter:] = reader.get(f"{base}.{up_name}.weight", (inter, hidden), dtype)
-        down[e] = reader.get(f"{base}.{down_name}.weight", (hidden, inter), dtype)
+        reader.read_into(f"{base}.{gate_name}.weight", gate_up[e, :inter])
+        reader.read_into(f"{base}.{up_name}.weight", gate_up[e, inter:])
+        reader.read_into(f"{base}.{down_name}.weight", down[e])
     return gate_up, down

@@ -101,7 +101,9 @@ def _dequantized(reader, name: str, shape: tuple[int, int, int], dtype) -> torch
     groups = columns // mxfp4.BLOCK
     blocks = reader.get_bytes(f"{name}_blocks", (e, rows, groups, mxfp4.BLOCK // 2))
     scales = reader.get_bytes(f"{name}_scales", (e, rows, groups))
-    out = torch.empty(shape, dtype=dtype)
+    out = torch.empty(shape, dtype=dtype, device=reader.device)
+    if out.is_meta:  # a converted model's skeleton (moespec.models.converted): shapes only
+        return out
     for expert in range(e):  # one expert at a time: the float32 codes stay small
         out[expert] = mxfp4.dequantize(blocks[expert], scales[expert], dtype)
     return out

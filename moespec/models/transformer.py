@@ -176,11 +176,7 @@ class Transformer:
         every expert (the offload engine keeps experts plain where it cannot copy their layout).
         A head tied to the embeddings is packed as a copy (the lookup needs the table)."""
         for layer in self.layers:
-            layer.attention.pack()
-            if isinstance(layer.mlp, MoEBlock):
-                layer.mlp.pack(experts=experts)
-            else:
-                layer.mlp.pack()
+            pack_layer(layer, experts)
         self.lm_head = pack(self.lm_head)
         self._weights_changed()
         return self
@@ -192,17 +188,10 @@ class Transformer:
         the embedding table keep the dtype (a tied head is quantized as a copy: the lookup
         needs the table)."""
         self._weights_changed()
-        for block in self.moe_blocks.values():
-            block.experts.quantize_int8()
-        if not dense:
-            return self
         for layer in self.layers:
-            a = layer.attention  # Attention, or deepseek_v2.LatentAttention
-            _quantize(a, ("qkv", "o") if isinstance(a, Attention) else ("q_a", "q", "kv_a", "o"))
-            mlp = layer.mlp.shared if isinstance(layer.mlp, MoEBlock) else layer.mlp
-            if mlp is not None:  # a dense layer's MLP or an MoE layer's shared experts
-                _quantize(mlp, ("gate_up", "down"))
-        self.lm_head = quantize_int8(dense_weight(self.lm_head))
+            quantize_layer(layer, dense)
+        if dense:
+            self.lm_head = quantize_int8(dense_weight(self.lm_head))
         return self
 
     @property
@@ -250,6 +239,29 @@ class Transformer:
         layer (seed 000's B(1) without the KV cache)."""
         experts = sum(b.top_k * b.experts.bytes_per_expert for b in self.moe_blocks.values())
         return self.parameter_bytes()["dense"] + experts
+
+
+def pack_layer(layer: Layer, experts: bool = True) -> None:
+    """One layer's `Transformer.pack` (a loader finishes each layer before reading the next)."""
+    layer.attention.pack()
+    if isinstance(layer.mlp, MoEBlock):
+        layer.mlp.pack(experts=experts)
+    else:
+        layer.mlp.pack()
+
+
+def quantize_layer(layer: Layer, dense: bool = True) -> None:
+    """One layer's `Transformer.quantize_int8`: its experts, and with `dense` its attention
+    projections, dense MLP or shared experts."""
+    if isinstance(layer.mlp, MoEBlock):
+        layer.mlp.experts.quantize_int8()
+    if not dense:
+        return
+    a = layer.attention  # Attention, or deepseek_v2.LatentAttention
+    _quantize(a, ("qkv", "o") if isinstance(a, Attention) else ("q_a", "q", "kv_a", "o"))
+    mlp = layer.mlp.shared if isinstance(layer.mlp, MoEBlock) else layer.mlp
+    if mlp is not None:  # a dense layer's MLP or an MoE layer's shared experts
+        _quantize(mlp, ("gate_up", "down"))
 
 
 def _quantize(owner, names: tuple[str, ...]) -> None:
