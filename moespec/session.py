@@ -34,6 +34,7 @@ class GenerateSettings:
     batch_invariant: bool = True
     compile: str = "off"  # one-token steps by torch.compile: "auto", "on" or "off"
     truncate: str = "none"
+    context: int | None = None  # positions; None: the model's, capped to what memory holds
     stop_repeats: int = 8
     temperature: float = 0.0
     top_p: float = 1.0
@@ -104,6 +105,8 @@ class GenerateResult:
     # "target", "draft/NAME": whether passes run natively (Transformer.native_report)
     native: dict = field(default_factory=dict)
     records: list = field(default_factory=list)
+    # weights_bytes, cache_bytes, context and this process's resident memory (models.memory)
+    memory: dict = field(default_factory=dict)
 
     @property
     def speculative(self) -> bool:
@@ -123,6 +126,7 @@ class GenerateResult:
             "batch_invariant": self.batch_invariant,
             "compile": self.compile,
             "native_pass": self.native,
+            "memory": self.memory,
             **self.summary,
             "steps": [r.to_dict() for r in self.records],
         }
@@ -155,6 +159,7 @@ def generate_text(
     Sampler(settings.temperature, settings.top_p, settings.seed)  # bad values fail here
     torch.manual_seed(settings.seed)
     model_dir, draft = model_and_draft(settings.model, settings.draft)
+    footprint, context = memory_plan(settings, model_dir)
     model, tokenizer = load_model(
         model_dir,
         dtype=settings.dtype,
@@ -170,7 +175,7 @@ def generate_text(
         raise ValueError("the prompt encodes to no tokens")
     given = len(prompt)
     prompt = fit_context(
-        prompt, model.config, new_tokens=settings.max_tokens, truncate=settings.truncate
+        prompt, context or model.config, new_tokens=settings.max_tokens, truncate=settings.truncate
     )
     if on_prompt is not None:
         on_prompt(settings.prompt if len(prompt) == given else tokenizer.decode(prompt))
@@ -204,7 +209,34 @@ def generate_text(
         records=records,
         compile={name: compile_report(m) for name, m in models.items()},
         native={name: m.native_report() for name, m in models.items()},
+        memory=memory_report(footprint, context, len(prompt) + settings.max_tokens + 1),
     )
+
+
+def memory_plan(settings: GenerateSettings, model_dir: str):
+    """(footprint, context) of a run in memory: the weights and cache it will hold, refused
+    before loading where they do not fit (moespec.models.memory); (None, setting) offloaded."""
+    from moespec.models.memory import available_memory, fit_memory, model_footprint
+
+    if settings.offload is not None:
+        return None, settings.context
+    footprint = model_footprint(model_dir, settings.dtype, settings.weights)
+    context = fit_memory(footprint, settings.context, available_memory(), name=model_dir)
+    return footprint, context
+
+
+def memory_report(footprint, context: int | None, positions: int) -> dict:
+    """generate --json's "memory": weights and cache bytes, the context, resident memory."""
+    from moespec.models.memory import process_memory
+
+    report = {"context": context, **process_memory()}
+    if footprint is not None:
+        report.update(
+            weights_bytes=footprint.weights_bytes,
+            cache_bytes=footprint.cache_bytes(min(positions, context or positions)),
+            converted=footprint.converted,
+        )
+    return report
 
 
 def model_and_draft(model: str | None, draft: str | None) -> tuple[str, str | None]:

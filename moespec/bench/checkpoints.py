@@ -30,7 +30,41 @@ SHAPES = {
         "vocab_size": 32000,
         "num_hidden_layers": 4,
     },
+    # Full-size shapes (every layer): far too large for `random_checkpoint`, which builds the
+    # model in memory; write them with `streamed_random_checkpoint`.
+    "olmoe-1b-7b": {
+        "model_type": "olmoe",
+        "hidden_size": 2048,
+        "intermediate_size": 1024,
+        "num_experts": 64,
+        "num_experts_per_tok": 8,
+        "num_attention_heads": 16,
+        "num_key_value_heads": 16,
+        "vocab_size": 50304,
+        "max_position_embeddings": 4096,
+        "num_hidden_layers": 16,
+    },
+    "qwen3-30b-a3b": {
+        "model_type": "qwen3_moe",
+        "hidden_size": 2048,
+        "moe_intermediate_size": 768,
+        "intermediate_size": 6144,
+        "num_experts": 128,
+        "num_experts_per_tok": 8,
+        "norm_topk_prob": True,
+        "num_attention_heads": 32,
+        "num_key_value_heads": 4,
+        "head_dim": 128,
+        "vocab_size": 151936,
+        "max_position_embeddings": 40960,
+        "tie_word_embeddings": False,
+        "num_hidden_layers": 48,
+    },
 }
+# The full-size shapes, written tensor by tensor (`streamed_random_checkpoint`).
+FULL_SIZE = ("olmoe-1b-7b", "qwen3-30b-a3b")
+SHARD_BYTES = 4 * 10**9  # about the size of a Hugging Face shard
+CHUNK_BYTES = 32 * 2**20  # the most random data held at once while writing
 
 
 def random_checkpoint(shape: str, directory: Path, layers: int | None = None) -> Path:
@@ -85,3 +119,167 @@ def has_text_tokenizer(directory: Path) -> bool:
 
     path = directory / "tokenizer.json"
     return path.exists() and json.loads(path.read_text())["model"]["type"] == "BPE"
+
+
+def streamed_random_checkpoint(
+    shape: str | dict, directory: Path, layers: int | None = None, *, seed: int = 0
+) -> Path:
+    """A bf16 checkpoint of random weights of `shape` (a name in SHAPES, or such a dict with
+    an optional "name"), written without ever holding the model: the tensor names and shapes
+    are those of transformers' own model built on the meta device (no memory), in the layout
+    `save_pretrained` writes (one tensor per expert), and each tensor is generated a chunk at a
+    time (normal, std 0.02; norms 1.0), written into safetensors shards of about SHARD_BYTES
+    and dropped. With model.safetensors.index.json, config.json and the text tokenizer
+    (`write_text_tokenizer`). Written beside its place and renamed into it when complete, so a
+    directory that exists is complete and is reused."""
+    import json
+    import shutil
+
+    settings = dict(SHAPES[shape]) if isinstance(shape, str) else dict(shape)
+    name = shape if isinstance(shape, str) else settings.pop("name", "custom")
+    if layers is not None:
+        settings["num_hidden_layers"] = layers
+    config = _config(settings)
+    directory = Path(directory)
+    target = directory / f"{name}-{config.num_hidden_layers}L-streamed"
+    if (target / "model.safetensors.index.json").exists() and (target / "config.json").exists():
+        return target
+    specs = checkpoint_tensors(config)
+    shards = _shards(specs, SHARD_BYTES)
+    tmp = directory / f".{target.name}.tmp"
+    if tmp.exists():
+        shutil.rmtree(tmp)
+    tmp.mkdir(parents=True)
+    weight_map, total, index = {}, 0, 0
+    for number, shard in enumerate(shards, 1):
+        file = f"model-{number:05d}-of-{len(shards):05d}.safetensors"
+        for tensor_name, _, _ in shard:
+            weight_map[tensor_name] = file
+        total += sum(_nbytes(s) for _, _, s in shard)
+        _write_random_shard(tmp / file, shard, seed, index)
+        index += len(shard)
+    (tmp / "model.safetensors.index.json").write_text(
+        json.dumps({"metadata": {"total_size": total}, "weight_map": weight_map}, indent=2)
+    )
+    config.save_pretrained(tmp)
+    write_text_tokenizer(tmp)
+    tmp.rename(target)
+    return target
+
+
+def _config(settings: dict):
+    import transformers
+
+    settings = dict(settings)
+    model_type = settings.pop("model_type")
+    config = transformers.AutoConfig.for_model(model_type, **settings)
+    config.dtype = torch.bfloat16
+    if getattr(config, "eos_token_id", None) is not None and config.eos_token_id >= (
+        config.vocab_size
+    ):
+        config.eos_token_id = None  # a small test vocabulary
+    return config
+
+
+def checkpoint_tensors(config) -> list[tuple[str, torch.dtype, tuple[int, ...]]]:
+    """(name, bf16, shape) of every tensor of `config`'s checkpoint, in model order, as
+    transformers' `save_pretrained` names them: the parameters of its model built on the meta
+    device, the fused experts (`experts.gate_up_proj` [E, 2I, H], `experts.down_proj`
+    [E, H, I]) written one tensor per expert, and a tied head left out."""
+    import transformers
+
+    with torch.device("meta"):
+        model = transformers.AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16)
+    tied = getattr(config, "tie_word_embeddings", False)
+    specs = []
+    for name, tensor in model.state_dict().items():
+        shape = tuple(tensor.shape)
+        if tied and name == "lm_head.weight":
+            continue
+        if name.endswith("experts.gate_up_proj"):
+            prefix, (experts, rows, _) = name[: -len("gate_up_proj")], shape
+            for e in range(experts):
+                for part in ("gate_proj", "up_proj"):
+                    specs.append(
+                        (f"{prefix}{e}.{part}.weight", torch.bfloat16, (rows // 2, shape[2]))
+                    )
+        elif name.endswith("experts.down_proj"):
+            prefix = name[: -len("down_proj")]
+            for e in range(shape[0]):
+                specs.append((f"{prefix}{e}.down_proj.weight", torch.bfloat16, shape[1:]))
+        elif name.endswith(("gate_up_proj", "down_proj")) and len(shape) == 3:
+            raise ValueError(f"{name}: a fused tensor whose checkpoint names are not known here")
+        else:
+            specs.append((name, torch.bfloat16, shape))
+    return specs
+
+
+def _nbytes(shape) -> int:
+    n = 2  # bf16
+    for d in shape:
+        n *= d
+    return n
+
+
+def _shards(specs, limit: int) -> list[list]:
+    shards, current, size = [], [], 0
+    for spec in specs:
+        nbytes = _nbytes(spec[2])
+        if current and size + nbytes > limit:
+            shards.append(current)
+            current, size = [], 0
+        current.append(spec)
+        size += nbytes
+    if current:
+        shards.append(current)
+    return shards
+
+
+def _header(specs) -> tuple[bytes, int]:
+    """A plain safetensors header (the tensors back to back, as `save_pretrained` writes
+    them, no padding entries) and the data's size."""
+    import json
+    import struct
+
+    header, offset = {}, 0
+    for name, _, shape in specs:
+        nbytes = _nbytes(shape)
+        header[name] = {
+            "dtype": "BF16",
+            "shape": list(shape),
+            "data_offsets": [offset, offset + nbytes],
+        }
+        offset += nbytes
+    header["__metadata__"] = {"format": "pt"}
+    raw = json.dumps(header, separators=(",", ":")).encode()
+    raw += b" " * (-len(raw) % 8)
+    return struct.pack("<Q", len(raw)) + raw, offset
+
+
+def _write_random_shard(path: Path, specs, seed: int, first: int) -> None:
+    """Write one safetensors file, each tensor generated CHUNK_BYTES at a time (its own
+    generator, seeded by its place in the checkpoint), written and dropped."""
+    import os
+
+    head, size = _header(specs)
+    generator = torch.Generator()
+    with open(path, "wb") as f:
+        f.write(head)
+        for i, (name, _, shape) in enumerate(specs):
+            is_norm = len(shape) == 1 and "norm" in name
+            generator.manual_seed(seed * 1_000_003 + first + i)
+            remaining = _nbytes(shape) // 2
+            while remaining:
+                n = min(remaining, CHUNK_BYTES // 2)
+                chunk = torch.empty(n, dtype=torch.bfloat16)
+                if is_norm:
+                    chunk.fill_(1.0)
+                else:
+                    chunk.normal_(0, 0.02, generator=generator)
+                f.write(memoryview(chunk.view(torch.uint8).numpy()))
+                remaining -= n
+                del chunk
+        if f.tell() != len(head) + size:
+            raise RuntimeError(f"{path}: wrote {f.tell()} bytes, expected {len(head) + size}")
+        f.flush()
+        os.fsync(f.fileno())

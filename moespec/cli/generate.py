@@ -128,6 +128,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "default) or keep its last tokens that fit (left)",
     )
     parser.add_argument(
+        "--context",
+        type=positive_int,
+        metavar="N",
+        help="positions of context (prompt + generated): the KV cache it needs must fit in "
+        "memory beside the weights, or the run is refused before loading (default: the "
+        "model's own, capped to what the available memory holds)",
+    )
+    parser.add_argument(
         "--stop-repeats",
         type=non_negative_int,
         default=8,
@@ -217,6 +225,7 @@ def run(args: argparse.Namespace) -> int:
         batch_invariant=args.batch_invariant == "on",
         compile=args.compile,
         truncate=args.truncate,
+        context=args.context,
         stop_repeats=args.stop_repeats,
         temperature=args.temperature,
         top_p=args.top_p,

@@ -422,7 +422,7 @@ def _map_weights(parts: dict, handle: SafetensorsFile, path: Path) -> None:
                 _set(owner, key, value)
     if tied:
         parts["lm_head"] = parts["embed"]
-    extra = set(handle.keys()) - mapped
+    extra = set(handle.names()) - mapped
     if extra:
         raise CheckpointError(
             f"{path / WEIGHTS_FILE} holds {len(extra)} tensors this moespec's layout does not "

@@ -62,7 +62,7 @@ class SafetensorsFile:
             raise TensorFileError(f"{self.path} cannot be read: {error.strerror}") from None
         self.size = size
 
-    def keys(self) -> list[str]:
+    def names(self) -> list[str]:
         """The tensors' names (the alignment gaps left out)."""
         return [name for name in self.header if not name.startswith(PADDING)]
 

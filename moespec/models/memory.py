@@ -1,0 +1,181 @@
+"""Memory you can see and set: what a model's weights and its KV cache will hold, what this
+machine has, and a refusal before anything big is allocated when they do not fit.
+
+    footprint = model_footprint("checkpoint/", "bf16", weights="int8")
+    context = fit_memory(footprint, context=None, available=available_memory())
+
+The weights' bytes are those of the final layouts (int8 values and scales, the pair layout's
+padding, a packed copy of a tied head), counted on the same skeleton a converted model is
+placed from (moespec.models.converted), before a byte is read; the cache's are per position,
+from the model's own cache. Resident memory is read from /proc/self/status: the peak (VmHWM),
+anonymous pages (what this process alone holds) and file pages (mapped weights, shared with
+every process that maps the same converted file).
+"""
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+from moespec.errors import SettingError, setting
+
+# Room left beside weights and cache for activations, the interpreter and the libraries.
+MARGIN_BYTES = 512 << 20
+GB = 1e9
+
+
+@dataclass(frozen=True)
+class Footprint:
+    """A model's memory before it is loaded: weights in their final layout, KV cache bytes
+    per position, and the positions it was trained on."""
+
+    weights_bytes: int
+    cache_bytes_per_position: int
+    max_positions: int
+    weights: str  # "bf16", "int8", ... as it will run
+    converted: bool
+
+    def cache_bytes(self, positions: int) -> int:
+        return self.cache_bytes_per_position * positions
+
+    def to_dict(self) -> dict:
+        return {
+            "weights_bytes": self.weights_bytes,
+            "cache_bytes_per_position": self.cache_bytes_per_position,
+            "max_positions": self.max_positions,
+            "weights": self.weights,
+            "converted": self.converted,
+        }
+
+
+def model_footprint(path: str | Path, dtype=None, weights: str | None = None) -> Footprint:
+    """The memory a load of `path` (a checkpoint or a converted directory) will take, from its
+    index alone (no tensor is read)."""
+    import torch
+
+    from moespec.models import (
+        ARCHITECTURES,
+        Transformer,
+        finished_head,
+        finishing,
+        load_config,
+        model_parts,
+        parse_dtype,
+    )
+    from moespec.models.checkpoint import TensorReader
+    from moespec.models.converted import (
+        MetaReader,
+        _stream,
+        is_converted,
+        portable_layouts,
+        read_manifest,
+    )
+    from moespec.models.tensorfile import DTYPES
+
+    path = Path(path)
+    converted = is_converted(path)
+    if converted:
+        manifest = read_manifest(path)
+        index, dtype, weights = (
+            manifest["source_tensors"],
+            DTYPES[manifest["dtype"]],
+            manifest["weights"],
+        )
+        weights = None if weights in ("bf16", "fp32") else weights
+    else:
+        index = TensorReader(path).source_tensors()
+        dtype = parse_dtype(dtype or torch.bfloat16)
+    config = load_config(path)
+    parts = []
+    with portable_layouts():  # oneDNN's own layouts take the same bytes
+        for name, part in model_parts(
+            config,
+            MetaReader(index, path),
+            ARCHITECTURES[config.model_type],
+            dtype,
+            finishing(weights, pack=True),
+        ):
+            if name == "lm_head":
+                part = finished_head(part, None if weights == "int8-experts" else weights, True)
+            parts.append((name, part))
+        total = sum(t.nbytes for _, t, _ in _stream(iter(parts)))
+        named = dict(parts)
+        layers = [named[f"layers.{i}"] for i in range(config.num_layers)]
+        skeleton = Transformer(
+            config, named["embed"], layers, named["norm"], named["lm_head"], dtype
+        )
+        cache = skeleton.new_cache(capacity=1)
+    per_position = sum(t.nbytes for store in (cache.keys, cache.values) for t in store)
+    kind = weights or {torch.bfloat16: "bf16", torch.float32: "fp32"}.get(dtype, str(dtype))
+    return Footprint(total, per_position, int(config.max_position_embeddings), kind, converted)
+
+
+def available_memory() -> int:
+    """Bytes this machine can give a new allocation now (MemAvailable)."""
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+
+
+def process_memory() -> dict:
+    """This process's resident memory now and at its peak, in bytes: peak_rss (VmHWM), rss,
+    rss_anon (its own pages), rss_file (mapped files: weights shared with other processes)."""
+    keys = {"VmHWM": "peak_rss", "VmRSS": "rss", "RssAnon": "rss_anon", "RssFile": "rss_file"}
+    out = {}
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                key, _, value = line.partition(":")
+                if key in keys:
+                    out[keys[key]] = int(value.split()[0]) * 1024
+    except OSError:
+        import resource
+
+        out["peak_rss"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    return out
+
+
+class MemoryRefusal(SettingError):
+    """A model (or its context) that does not fit the memory available: refused before the
+    weights are read."""
+
+
+def fit_memory(footprint: Footprint, context: int | None, available: int, *, name: str) -> int:
+    """The context (cache positions) to run with: `context` if weights and its cache fit in
+    `available` (less a margin), else refused; None: the model's own positions, capped to
+    what fits. A model whose weights alone do not fit is refused naming what would."""
+    weights, room = footprint.weights_bytes, available - MARGIN_BYTES
+    if weights > room:
+        raise MemoryRefusal(
+            f"{name} needs {weights / GB:.2f} GB for its {footprint.weights} weights and this "
+            f"machine has {available / GB:.2f} GB available: {_advice(footprint)}"
+        )
+    per_position = max(footprint.cache_bytes_per_position, 1)
+    fits = (room - weights) // per_position
+    if context is None:
+        return int(min(footprint.max_positions, fits))
+    if context > footprint.max_positions:
+        raise SettingError(
+            f"{setting('context', context)} is beyond the model's {footprint.max_positions} "
+            "positions (max_position_embeddings)"
+        )
+    if context > fits:
+        raise MemoryRefusal(
+            f"{name}: a context of {context} positions needs {context * per_position / GB:.2f} "
+            f"GB of KV cache beside {weights / GB:.2f} GB of weights, and this machine has "
+            f"{available / GB:.2f} GB available: pass {setting('context', int(fits))} or less"
+        )
+    return context
+
+
+def _advice(footprint: Footprint) -> str:
+    if footprint.weights in ("bf16", "fp32", "int8-experts"):
+        return (
+            f"run it with {setting('weights', 'int8')} (about half the bytes), on a machine "
+            "with more memory, or with its experts offloaded to disk"
+        )
+    return "run it on a machine with more memory, or with its experts offloaded to disk"
