@@ -74,7 +74,7 @@ class TensorReader:
             raise CheckpointError(
                 f"{self.directory} has neither model.safetensors nor model.safetensors.index.json"
             )
-        return {name: single for name in self._open(single).keys()}  # noqa: SIM118
+        return dict.fromkeys(self._open(single).names(), single)
 
     def _open(self, path: Path) -> SafetensorsFile:
         if path not in self._handles:

@@ -70,6 +70,8 @@ class SafetensorsFile:
         return name in self.header
 
     def spec(self, name: str) -> tuple[torch.dtype, tuple[int, ...]]:
+        if name not in self.header:
+            raise TensorFileError(f"{self.path} holds no tensor {name!r}")
         entry = self.header[name]
         return DTYPES[entry["dtype"]], tuple(entry["shape"])
 
