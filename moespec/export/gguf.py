@@ -3,8 +3,9 @@ bf16, or Q8_0 blocks of 32 weights with one scale), the same hyperparameters and
 
     summary = export_gguf("checkpoint/", "model.gguf", weight_type="q8_0")
 
-Written with the `gguf` package's GGUFWriter, tensor by tensor (one layer's experts in memory
-at a time). Names and metadata keys are llama.cpp's (the `gguf` package's constants; the
+Written with the `gguf` package's GGUFWriter, tensor by tensor: one layer's experts in memory
+at a time (read once for its three tensors, dropped after the last), and the source pages of
+each tensor released once it is written, so a full-size export holds about one layer. Names and metadata keys are llama.cpp's (the `gguf` package's constants; the
 per-architecture choices follow llama.cpp's src/models/*.cpp and its conversion scripts):
 
 - Families: qwen3_moe -> qwen3moe, olmoe -> olmoe, qwen3 -> qwen3, llama -> llama. A setting
@@ -71,7 +72,8 @@ def export_gguf(
     arch = gguf_architecture(config, model_dir)
     raw = read_json(model_dir / "config.json")
     vocab = read_vocabulary(model_dir / "tokenizer.json", config, raw.get("pad_token_id"))
-    plan = list(tensor_plan(config, TensorReader(model_dir), WEIGHT_TYPES[weight_type]))
+    reader = TensorReader(model_dir)
+    plan = list(tensor_plan(config, reader, WEIGHT_TYPES[weight_type]))
     with atomic_path(out, force=force) as tmp:
         writer = gguf.GGUFWriter(tmp, arch)
         write_hyperparameters(writer, config, arch, weight_type)
@@ -83,6 +85,7 @@ def export_gguf(
         writer.write_ti_data_to_file()
         for t in plan:
             writer.write_tensor_data(encode(t.load(), t.qtype))
+            reader.release()  # the source pages read for it leave this process
         writer.close()
     return {
         "architecture": arch,
@@ -224,9 +227,12 @@ def layer_plan(c, reader, layout, weight, i, matrix, vector) -> Iterator[Planned
     )
     yield router
 
-    @functools.cache  # the three expert tensors of the layer come from one read
-    def experts():
-        return load_experts(reader, moe, layout, e, h, inter, torch.float32)
+    held = {}  # the three expert tensors of the layer come from one read, held until the last
+
+    def experts(last: bool = False):
+        if "experts" not in held:
+            held["experts"] = load_experts(reader, moe, layout, e, h, inter, torch.float32)
+        return held.pop("experts") if last else held["experts"]
 
     yield PlannedTensor(
         name(T.FFN_GATE_EXP, i),
@@ -241,7 +247,10 @@ def layer_plan(c, reader, layout, weight, i, matrix, vector) -> Iterator[Planned
         lambda: experts()[0][:, inter:],
     )
     yield PlannedTensor(
-        name(T.FFN_DOWN_EXP, i), (e, h, inter), matrix_type(weight, (inter,)), lambda: experts()[1]
+        name(T.FFN_DOWN_EXP, i),
+        (e, h, inter),
+        matrix_type(weight, (inter,)),
+        lambda: experts(last=True)[1],
     )
 
 
