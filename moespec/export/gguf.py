@@ -4,9 +4,10 @@ bf16, or Q8_0 blocks of 32 weights with one scale), the same hyperparameters and
     summary = export_gguf("checkpoint/", "model.gguf", weight_type="q8_0")
 
 Written with the `gguf` package's GGUFWriter, tensor by tensor: one layer's experts in memory
-at a time (read once for its three tensors, dropped after the last), and the source pages of
-each tensor released once it is written, so a full-size export holds about one layer. Names and metadata keys are llama.cpp's (the `gguf` package's constants; the
-per-architecture choices follow llama.cpp's src/models/*.cpp and its conversion scripts):
+at a time (read once for its three tensors, dropped after the last), so a full-size export
+holds about one layer. Names and metadata keys are llama.cpp's (the `gguf` package's
+constants; the per-architecture choices follow llama.cpp's src/models/*.cpp and its
+conversion scripts):
 
 - Families: qwen3_moe -> qwen3moe, olmoe -> olmoe, qwen3 -> qwen3, llama -> llama. A setting
   llama.cpp's graph for the family does not implement (dense layers in a qwen3moe, clipped

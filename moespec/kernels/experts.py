@@ -48,6 +48,10 @@ class ExpertWeights:
     gate_up_bias: torch.Tensor | None = None  # [E, 2I] (gpt-oss), with down_bias
     down_bias: torch.Tensor | None = None  # [E, H]
     activation: ClampedSwiGLU | None = None  # None: plain SwiGLU
+    # Experts still in their checkpoint (moespec.models.checkpoint.ExpertSource): the stacked
+    # tensors are shape holders (meta) and `pack`, `quantize_int8` or `materialize` read one
+    # expert at a time from `source.expert(e)`, so a loader never holds the layer stacked.
+    source: object | None = None
 
     def __post_init__(self):
         e, two_i, h = self.gate_up.shape
@@ -144,17 +148,25 @@ class ExpertWeights:
         gate_up, down = self.weights(e)
         return dense(gate_up), dense(down)
 
+    def _expert(self, e: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """(gate_up [2I, H], down [H, I]) of expert e, from the source while there is one."""
+        if self.source is not None:
+            return self.source.expert(e)
+        return self.gate_up[e], self.down[e]
+
     def pack(self) -> "ExpertWeights":
         """Pack every expert for the CPU's fast path and drop the stacked copies (in place)."""
-        if self.is_packed or self.gate_up.device.type not in HOST:
+        if self.is_packed or (self.source is None and self.gate_up.device.type not in HOST):
             return self
-        gate_up = [pack(self.gate_up[e]) for e in range(self.num_experts)]
-        down = [pack(self.down[e]) for e in range(self.num_experts)]
+        gate_up, down = [], []
+        for e in range(self.num_experts):
+            g, d = self._expert(e)
+            gate_up.append(pack(g))
+            down.append(pack(d))
         if not any(isinstance(w, PackedWeight | PairWeight) for w in gate_up + down):
-            return self  # nothing pays on this CPU for this dtype and shape
+            return self.materialize()  # nothing pays on this CPU for this dtype and shape
         self.packed_gate_up, self.packed_down = gate_up, down
-        self.gate_up = torch.empty(self.gate_up.shape, dtype=self.dtype, device="meta")
-        self.down = torch.empty(self.down.shape, dtype=self.dtype, device="meta")
+        self._drop_stacked()
         return self
 
     def quantize_int8(self) -> "ExpertWeights":
@@ -162,11 +174,30 @@ class ExpertWeights:
         place). Products then read about half the bf16 bytes (moespec.kernels.quant)."""
         if self.is_packed:
             raise ValueError("quantize the experts before packing them (they are packed)")
-        self.packed_gate_up = [quantize_int8(self.gate_up[e]) for e in range(self.num_experts)]
-        self.packed_down = [quantize_int8(self.down[e]) for e in range(self.num_experts)]
+        gate_up, down = [], []
+        for e in range(self.num_experts):
+            g, d = self._expert(e)
+            gate_up.append(quantize_int8(g))
+            down.append(quantize_int8(d))
+        self.packed_gate_up, self.packed_down = gate_up, down
+        self._drop_stacked()
+        return self
+
+    def materialize(self) -> "ExpertWeights":
+        """Read experts still in their checkpoint into the stacked tensors (in place)."""
+        if self.source is None:
+            return self
+        gate_up = torch.empty(self.gate_up.shape, dtype=self.dtype, device=self.source.device)
+        down = torch.empty(self.down.shape, dtype=self.dtype, device=self.source.device)
+        for e in range(self.num_experts):
+            gate_up[e], down[e] = self.source.expert(e)
+        self.gate_up, self.down, self.source = gate_up, down, None
+        return self
+
+    def _drop_stacked(self) -> None:
         self.gate_up = torch.empty(self.gate_up.shape, dtype=self.dtype, device="meta")
         self.down = torch.empty(self.down.shape, dtype=self.dtype, device="meta")
-        return self
+        self.source = None
 
     def to(self, dtype: torch.dtype) -> "ExpertWeights":
         """An unpacked copy in another dtype."""

@@ -895,3 +895,89 @@ V2_TARGET uint64_t moespec_read_sum(const uint8_t *p, int64_t n, int threads) {
     }
     return total;
 }
+
+/* The pair layout made at load (moespec/kernels/native.py: pack_pairs): W [G * 64][P] units
+ * (a unit = two consecutive inputs: 4 bytes of bf16, 2 of int8), row stride P, into
+ * [G][P][64]. A tile of 64 rows by 16 units is read row by row and written unit-column by
+ * unit-column, so both sides stay within a few cache lines; groups are split over the threads.
+ * The same bytes, moved: 2-3x the rate of the strided tensor copy it replaces. */
+#define PACK_TILE 16
+#define PACK_PAIRS(NAME, T)                                                                    \
+    void NAME(const T *W, T *out, int64_t G, int64_t P, int threads) {                        \
+        (void)threads;                                                                         \
+        _Pragma("omp parallel for schedule(static) num_threads(threads)")                        \
+        for (int64_t g = 0; g < G; g++) {                                                      \
+            const T *src = W + g * PAIR_GROUP * P;                                             \
+            T *dst = out + g * PAIR_GROUP * P;                                                 \
+            for (int64_t p0 = 0; p0 < P; p0 += PACK_TILE) {                                    \
+                int64_t n = P - p0 < PACK_TILE ? P - p0 : PACK_TILE;                           \
+                for (int64_t r = 0; r < PAIR_GROUP; r++)                                       \
+                    for (int64_t p = 0; p < n; p++)                                            \
+                        dst[(p0 + p) * PAIR_GROUP + r] = src[r * P + p0 + p];                  \
+            }                                                                                  \
+        }                                                                                      \
+    }
+PACK_PAIRS(moespec_pack_pairs32, uint32_t)
+PACK_PAIRS(moespec_pack_pairs16, uint16_t)
+
+/* int8 quantization at load (moespec/kernels/quant.py: quantize_int8), straight into the pair
+ * layout: for each row of a bf16 W [O][I], scale = bf16(max |w| / 127) and q = round(w / scale)
+ * (half to even, clipped to +-127; a zero row keeps scale 0 and q 0), the same arithmetic in
+ * fp32 as the tensor reference, so the bits agree. `pairs` is [ceil(O / 64)][ceil(I / 2)][64][2]
+ * zero-filled by the caller (the padding stays zero); `scales` [O] bf16. No fp32 copy of W is
+ * made: the tensor reference holds four. Rows are split over the threads. */
+V2_TARGET void moespec_quantize_pairs_bf16(const uint16_t *W, int64_t O, int64_t I,
+                                           int8_t *pairs, uint16_t *scales, int threads) {
+    int64_t units = (I + 1) / 2;
+    (void)threads;
+#pragma omp parallel num_threads(threads)
+    {
+        int8_t row[2 * units]; /* one row's q (the last pair zero-padded), scattered in pairs */
+        row[2 * units - 1] = 0;
+#pragma omp for schedule(static)
+        for (int64_t r = 0; r < O; r++) {
+            const uint16_t *w = W + r * I;
+            const __m256 sign = _mm256_set1_ps(-0.0f);
+            __m256 tops = _mm256_setzero_ps();
+            int64_t j = 0;
+            for (; j + 8 <= I; j += 8) {
+                __m256i h = _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)(w + j)));
+                __m256 x = _mm256_castsi256_ps(_mm256_slli_epi32(h, 16));
+                tops = _mm256_max_ps(tops, _mm256_andnot_ps(sign, x));
+            }
+            float lanes[8], top = 0.0f;
+            _mm256_storeu_ps(lanes, tops);
+            for (int k = 0; k < 8; k++) top = lanes[k] > top ? lanes[k] : top;
+            for (; j < I; j++) {
+                float a = fabsf(from_bf16(w[j]));
+                top = a > top ? a : top;
+            }
+            uint16_t scale = to_bf16(top / 127.0f);
+            float s = from_bf16(scale);
+            if (s < FLT_MIN) s = FLT_MIN;
+            scales[r] = scale;
+            const __m256 div = _mm256_set1_ps(s), hi = _mm256_set1_ps(127.0f);
+            const __m256 lo = _mm256_set1_ps(-127.0f);
+            for (j = 0; j + 8 <= I; j += 8) {
+                __m256i h = _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)(w + j)));
+                __m256 x = _mm256_div_ps(_mm256_castsi256_ps(_mm256_slli_epi32(h, 16)), div);
+                x = _mm256_round_ps(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+                __m256i q = _mm256_cvtps_epi32(_mm256_min_ps(_mm256_max_ps(x, lo), hi));
+                __m128i q16 = _mm_packs_epi32(_mm256_castsi256_si128(q),
+                                              _mm256_extracti128_si256(q, 1));
+                _mm_storel_epi64((__m128i *)(row + j), _mm_packs_epi16(q16, q16));
+            }
+            for (; j < I; j++) {
+                float q = nearbyintf(from_bf16(w[j]) / s);
+                row[j] = (int8_t)(q > 127.0f ? 127.0f : (q < -127.0f ? -127.0f : q));
+            }
+            int16_t *dst = (int16_t *)pairs + (r / PAIR_GROUP) * units * PAIR_GROUP
+                           + r % PAIR_GROUP;
+            for (int64_t u = 0; u < units; u++) {
+                int16_t pair;
+                memcpy(&pair, row + 2 * u, 2);
+                dst[u * PAIR_GROUP] = pair;
+            }
+        }
+    }
+}

@@ -67,6 +67,9 @@ PAIR_GROUP = 64  # output rows per group of the pair layout (native.c)
 
 _P, _I64, _INT = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int
 _SIGNATURES = {
+    "moespec_pack_pairs32": [_P, _P, _I64, _I64, _INT],  # W, out, groups, units, threads
+    "moespec_pack_pairs16": [_P, _P, _I64, _I64, _INT],
+    "moespec_quantize_pairs_bf16": [_P, _I64, _I64, _P, _P, _INT],  # W, O, I, pairs, scales
     "moespec_bf16_pairs": [_P, _P, _P, _I64, _I64, _I64, _INT],
     "moespec_bf16_pairs_avx2": [_P, _P, _P, _I64, _I64, _I64, _INT],
     "moespec_int8_pairs_avx512": [_P, _P, _P, _P, _I64, _I64, _I64, _INT],
@@ -321,7 +324,14 @@ def pack_pairs(weight: torch.Tensor) -> torch.Tensor:
     pad = (0, inp % 2, 0, -out % PAIR_GROUP)
     padded = torch.nn.functional.pad(weight, pad) if any(pad) else weight
     groups = padded.reshape(-1, PAIR_GROUP, padded.shape[1] // 2, 2)  # [G, 64, JP, 2]
-    return groups.permute(0, 2, 1, 3).contiguous()  # [G, JP, 64, 2]
+    lib = native().lib if padded.device.type == "cpu" else None
+    function = getattr(lib, f"moespec_pack_pairs{padded.element_size() * 16}", None)
+    if function is None:  # the meta device's skeleton, or no native library
+        return groups.permute(0, 2, 1, 3).contiguous()  # [G, JP, 64, 2]
+    padded = padded.contiguous()
+    packed = torch.empty(groups.shape[0], groups.shape[2], PAIR_GROUP, 2, dtype=padded.dtype)
+    function(padded.data_ptr(), packed.data_ptr(), groups.shape[0], groups.shape[2], _threads(None))
+    return packed
 
 
 def unpack_pairs(packed: torch.Tensor, shape: tuple[int, int]) -> torch.Tensor:

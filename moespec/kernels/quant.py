@@ -17,7 +17,14 @@ for the first on every x86 CPU and none for the second; measured on one [2048, 2
 import torch
 
 from moespec.kernels.cpu import HOST, cpu_paths
-from moespec.kernels.native import int8_pairs_product, pack_pairs, unpack_pairs
+from moespec.kernels.native import (
+    PAIR_GROUP,
+    _threads,
+    int8_pairs_product,
+    native,
+    pack_pairs,
+    unpack_pairs,
+)
 
 INT8_MAX = 127
 # torch 2.13's AVX-512 `_weight_int8pack_mm` returns wrong values, or crashes, on bf16 and fp16
@@ -45,6 +52,15 @@ class Int8Weight:
         if paired:
             self.values, self.pairs = None, pack_pairs(values)
 
+    @classmethod
+    def paired_from(cls, pairs: torch.Tensor, scales: torch.Tensor, shape) -> "Int8Weight":
+        """An int8 weight of `shape` whose values are already in the pair layout."""
+        weight = cls.__new__(cls)
+        weight.values, weight.pairs, weight.scales = None, pairs, scales.contiguous()
+        weight.shape, weight.dtype = tuple(shape), scales.dtype
+        weight.nbytes = shape[0] * shape[1] + weight.scales.nbytes
+        return weight
+
     def rows(self) -> torch.Tensor:
         """Q as [out, in] int8 values (a copy when held in the pair layout)."""
         if self.pairs is None:
@@ -57,14 +73,30 @@ class Int8Weight:
 
 
 def quantize_int8(weight: torch.Tensor) -> Int8Weight:
-    """Per-output-channel symmetric int8 of a [out, in] weight; scales in the weight's dtype."""
+    """Per-output-channel symmetric int8 of a [out, in] weight; scales in the weight's dtype.
+    A bf16 weight bound for the pair layout is quantized by the native loop straight into it
+    (no fp32 copy; the same bits as `quantize_reference`)."""
     if weight.dim() != 2 or not weight.is_floating_point():
         raise ValueError(f"int8 quantization wants a float [out, in] weight, got {weight.shape}")
+    paired = pairs_path(weight)
+    function = getattr(native().lib, "moespec_quantize_pairs_bf16", None) if paired else None
+    if function is None or weight.device.type != "cpu":
+        return quantize_reference(weight, paired)
+    out, inp = weight.shape
+    source = weight.contiguous()
+    pairs = torch.zeros(-(-out // PAIR_GROUP), -(-inp // 2), PAIR_GROUP, 2, dtype=torch.int8)
+    scales = torch.empty(out, dtype=torch.bfloat16)
+    function(source.data_ptr(), out, inp, pairs.data_ptr(), scales.data_ptr(), _threads(None))
+    return Int8Weight.paired_from(pairs, scales, (out, inp))
+
+
+def quantize_reference(weight: torch.Tensor, paired: bool = False) -> Int8Weight:
+    """`quantize_int8` in tensor operations (fp32 copies of the weight)."""
     w = weight.float()
     scales = (w.abs().amax(dim=1) / INT8_MAX).to(weight.dtype)
     safe = scales.float().clamp_min(torch.finfo(torch.float32).tiny)  # an all-zero row stays 0
     values = torch.round(w / safe[:, None]).clamp(-INT8_MAX, INT8_MAX).to(torch.int8)
-    return Int8Weight(values, scales, paired=pairs_path(weight))
+    return Int8Weight(values, scales, paired=paired)
 
 
 def pairs_path(weight: torch.Tensor) -> bool:

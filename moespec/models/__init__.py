@@ -4,11 +4,11 @@ model, tokenizer = load_model("path/to/checkpoint", dtype=torch.bfloat16)
 """
 
 import types
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
-from moespec.kernels import ExpertWeights
 from moespec.models import (
     deepseek_v2,
     glm4_moe,
@@ -22,10 +22,11 @@ from moespec.models import (
     qwen3_moe,
 )
 from moespec.models.cache import KVCache
-from moespec.models.checkpoint import CheckpointError, TensorReader, load_experts, read_json
+from moespec.models.checkpoint import CheckpointError, TensorReader, expert_weights, read_json
 from moespec.models.config import ConfigError, ModelConfig, eos_ids
 from moespec.models.context import ContextOverflowError, context_length, fit_context
 from moespec.models.layers import Attention, DenseMLP
+from moespec.models.memory import trim_heap
 from moespec.models.moe import MoEBlock, RoutingSink, route
 from moespec.models.tokenizer import StreamingDetokenizer, Tokenizer
 from moespec.models.transformer import Layer, Transformer
@@ -158,79 +159,86 @@ def load_model(
     from moespec.models import converted
 
     if converted.is_converted(path):
-        return converted.load_converted(path, dtype, weights=weights, pack=pack,
-                                        pack_experts=pack_experts)
+        return converted.load_converted(
+            path, dtype, weights=weights, pack=pack, pack_experts=pack_experts
+        )
     config = load_config(path)
     dtype = parse_dtype(dtype or torch.bfloat16)
     check_weights(weights, dtype)
     architecture = ARCHITECTURES[config.model_type]
     tokenizer = Tokenizer(path / "tokenizer.json")
-    finish = finishing(weights, pack, pack_experts)
+    finish = Finishing(weights if weights in INT8_FORMATS else None, pack, pack_experts)
     model = _build(config, TensorReader(path), architecture, dtype, finish)
-    finish_head(model, weights, pack)
     return model, tokenizer
 
 
-def finishing(weights: str | None, pack: bool, pack_experts: bool = True):
-    """The final layout of one layer, applied as soon as it is read (`load_model`'s weights
-    and pack): int8 first, then packing."""
-    from moespec.models.transformer import pack_layer, quantize_layer
+@dataclass(frozen=True)
+class Finishing:
+    """The final layout of each part, given as soon as the part is read (`model_parts`):
+    int8 first (weights "int8": experts, attention, dense MLPs and the head; "int8-experts":
+    the experts), then packing (with pack_experts, the experts too)."""
 
-    def finish(layer: Layer) -> None:
-        if weights in INT8_FORMATS:
-            quantize_layer(layer, dense=weights == "int8")
-        if pack:
-            pack_layer(layer, pack_experts)
+    weights: str | None = None
+    pack: bool = True
+    pack_experts: bool = True
 
-    return finish
+    def layer(self, layer: Layer) -> None:
+        from moespec.models.transformer import pack_layer, quantize_layer
 
+        if self.weights in INT8_FORMATS:
+            quantize_layer(layer, dense=self.weights == "int8")
+        if self.pack:
+            pack_layer(layer, self.pack_experts)
 
-def finish_head(model: Transformer, weights: str | None, pack: bool) -> None:
-    """The output head's final layout (`finishing` for the head; after the layers)."""
-    model.lm_head = finished_head(model.lm_head, weights, pack)
-    model._weights_changed()
+    def head(self, lm_head):
+        """The head in its final layout (a head tied to the embeddings becomes a copy only
+        where one of them changes it)."""
+        from moespec.kernels.linear import dense as dense_weight
+        from moespec.kernels.linear import pack as pack_weight
+        from moespec.kernels.quant import quantize_int8
 
-
-def finished_head(lm_head, weights: str | None, pack: bool):
-    """The head in its final layout: int8 under weights "int8", then packed (a head tied to
-    the embeddings becomes a copy only where one of them changes it)."""
-    from moespec.kernels.linear import dense as dense_weight
-    from moespec.kernels.linear import pack as pack_weight
-    from moespec.kernels.quant import quantize_int8
-
-    if weights == "int8":
-        lm_head = quantize_int8(dense_weight(lm_head))
-    return pack_weight(lm_head) if pack else lm_head
+        if self.weights == "int8":
+            lm_head = quantize_int8(dense_weight(lm_head))
+        return pack_weight(lm_head) if self.pack else lm_head
 
 
 def _build(config: ModelConfig, reader: TensorReader, architecture, dtype, finish=None):
     """The Transformer of `reader`'s tensors, one layer at a time (`model_parts`)."""
-    parts = dict(model_parts(config, reader, architecture, dtype, finish))
+    return assemble(config, dict(model_parts(config, reader, architecture, dtype, finish)), dtype)
+
+
+def assemble(config: ModelConfig, parts: dict, dtype) -> Transformer:
+    """The Transformer of `model_parts`' parts."""
     layers = [parts[f"layers.{i}"] for i in range(config.num_layers)]
     return Transformer(config, parts["embed"], layers, parts["norm"], parts["lm_head"], dtype)
 
 
 def model_parts(config: ModelConfig, reader: TensorReader, architecture, dtype, finish=None):
     """Yield (name, part) in reading order: "embed", "lm_head" (the embeddings themselves
-    when tied), "layers.0" ... (each a Layer, given its final layout by `finish(layer)` as
-    soon as it is read) and "norm". The source pages are released after each part, so
-    loading holds the finished parts and one layer's source, never the whole model in
-    `dtype` first; a converter writes each part and drops it (moespec.models.converted)."""
+    when tied and unchanged), "layers.0" ... (each a Layer) and "norm", each given its final
+    layout by `finish` (a Finishing) as soon as it is read, so loading holds the finished
+    parts and one layer's source, never the whole model in `dtype` first; a converter writes
+    each part and drops it (moespec.models.converted)."""
     c = config
     base = getattr(architecture, "weights_prefix", lambda _: "model")(reader)
     norm = getattr(architecture, "load_norm", _norm)
     embed = reader.get(f"{base}.embed_tokens.weight", (c.vocab_size, c.hidden_size), dtype)
     yield "embed", embed
     if c.tie_word_embeddings or "lm_head.weight" not in reader:
-        yield "lm_head", embed
+        lm_head = embed
     else:
-        yield "lm_head", reader.get("lm_head.weight", (c.vocab_size, c.hidden_size), dtype)
+        lm_head = reader.get("lm_head.weight", (c.vocab_size, c.hidden_size), dtype)
+    yield "lm_head", lm_head if finish is None else finish.head(lm_head)
+    del lm_head
     reader.release()
     for i in range(c.num_layers):
         layer = _build_layer(c, reader, architecture, dtype, f"{base}.layers.{i}", i)
         if finish is not None:
-            finish(layer)
+            finish.layer(layer)
+        if isinstance(layer.mlp, MoEBlock):  # experts left in the checkpoint are read now
+            layer.mlp.experts.materialize()
         reader.release()
+        trim_heap()
         yield f"layers.{i}", layer
     yield "norm", norm(reader, f"{base}.norm.weight", c.hidden_size, dtype)
     reader.release()
@@ -308,9 +316,7 @@ def _moe_block(c: ModelConfig, reader: TensorReader, moe: str, layout, dtype) ->
     transformers keeps it, with the correction bias where it has one) and, where the family
     has them, the shared experts (with their gate, Qwen3.5)."""
     h = c.hidden_size
-    gate_up, down = load_experts(
-        reader, moe, layout, c.num_experts, h, c.moe_intermediate_size, dtype
-    )
+    experts = expert_weights(reader, moe, layout, c.num_experts, h, c.moe_intermediate_size, dtype)
     router_dtype = dtype if c.routing is None else torch.float32
     router = reader.get(f"{moe}.{layout.router}.weight", (c.num_experts, h), router_dtype)
     bias = shared = gate = None
@@ -323,7 +329,7 @@ def _moe_block(c: ModelConfig, reader: TensorReader, moe: str, layout, dtype) ->
             gate = reader.get(f"{moe}.{layout.shared_gate}.weight", (1, h), dtype)
     return MoEBlock(
         router=router,
-        experts=ExpertWeights(gate_up, down),
+        experts=experts,
         top_k=c.top_k,
         renormalize=c.norm_topk_prob,
         routing=c.routing,

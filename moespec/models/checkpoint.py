@@ -1,8 +1,10 @@
 """Reading a Hugging Face checkpoint directory: config.json, safetensors (single or sharded).
 
-Tensors are read one at a time from memory-mapped safetensors files (moespec.models.tensorfile)
-and copied into the run's dtype; `release()` drops the pages read so far from this process, so
-a loader that finishes each layer before the next holds one layer's source at a time. Experts
+Tensors are read one at a time from the safetensors files (moespec.models.tensorfile) with
+pread, into tensors of their own in the run's dtype: a source is copied into its final layout
+anyway, and reading it so touches no mapped page (no page faults, nothing of the file resident
+in this process; the page cache keeps it for the next load). A loader that finishes each layer
+before reading the next holds one layer's source at a time. Experts
 are stacked as [E, out, in] whatever the checkpoint's layout (per expert, as real
 Qwen3/OLMoE/Mixtral checkpoints and `save_pretrained` write them, or fused). Every failure is a
 `CheckpointError` naming the file and the tensor; nothing half-loaded is returned.
@@ -85,7 +87,8 @@ class TensorReader:
         return self._handles[path]
 
     def release(self) -> None:
-        """Drop every page read so far from this process (the tensors returned are copies)."""
+        """Drop every mapped page touched so far from this process (reads touch none; views
+        of a map taken elsewhere do)."""
         for handle in self._handles.values():
             handle.release()
 
@@ -117,17 +120,15 @@ class TensorReader:
                 f"{path}: tensor {name!r} has dtype {tensor.dtype}; expected float32, "
                 "float16 or bfloat16"
             )
-        return tensor.to(dtype, copy=True)
+        return tensor.to(dtype)  # a tensor of its own already: converted only if need be
 
     def read_into(self, name: str, out: torch.Tensor) -> None:
         """Copy the float tensor `name` (checked against out's shape) into `out`, converting."""
-        path, tensor = self._read(name, tuple(out.shape))
-        if tensor.dtype not in FLOAT_DTYPES:
-            raise CheckpointError(
-                f"{path}: tensor {name!r} has dtype {tensor.dtype}; expected float32, "
-                "float16 or bfloat16"
-            )
-        out.copy_(tensor)
+        path = self.check(name, tuple(out.shape))
+        try:
+            self._open(path).read_into(name, out)
+        except (OSError, ValueError, RuntimeError) as error:
+            raise CheckpointError(f"{path}: tensor {name!r} cannot be read: {error}") from None
 
     def get_bytes(self, name: str, shape: tuple[int, ...]) -> torch.Tensor:
         """The uint8 tensor `name` (packed quantized weights or their scales), checked."""
@@ -136,25 +137,85 @@ class TensorReader:
             raise CheckpointError(
                 f"{path}: tensor {name!r} has dtype {tensor.dtype}; expected uint8"
             )
-        return tensor.clone()
+        return tensor
 
-    def _read(self, name: str, shape: tuple[int, ...]) -> tuple[Path, torch.Tensor]:
+    def check(self, name: str, shape: tuple[int, ...], floats: bool = True) -> Path:
+        """The file of tensor `name`, after checking that it is there with this shape (and a
+        float dtype); nothing is read."""
         if name not in self.file_of:
             raise CheckpointError(f"tensor {name!r} is missing from {self._where()}")
         path = self.file_of[name]
+        dtype, stored = self.spec(name)
+        if stored != tuple(shape):
+            raise CheckpointError(
+                f"{path}: tensor {name!r} has shape {list(stored)}, expected {list(shape)}"
+            )
+        if floats and dtype not in FLOAT_DTYPES:
+            raise CheckpointError(
+                f"{path}: tensor {name!r} has dtype {dtype}; expected float32, float16 or bfloat16"
+            )
+        return path
+
+    def _read(self, name: str, shape: tuple[int, ...]) -> tuple[Path, torch.Tensor]:
+        path = self.check(name, shape, floats=False)
         try:
-            tensor = self._open(path).view(name)
+            tensor = self._open(path).read(name)
         except (OSError, ValueError, RuntimeError) as error:
             raise CheckpointError(f"{path}: tensor {name!r} cannot be read: {error}") from None
-        if tuple(tensor.shape) != tuple(shape):
-            raise CheckpointError(
-                f"{path}: tensor {name!r} has shape {list(tensor.shape)}, expected {list(shape)}"
-            )
         return path, tensor
 
     def _where(self) -> str:
         files = sorted({p.name for p in self.file_of.values()})
         return f"{self.directory} ({', '.join(files)})"
+
+
+class ExpertSource:
+    """A layer's experts as the checkpoint keeps them, one tensor per projection per expert:
+    `expert(e)` reads expert e's (gate_up [2I, H], down [H, I]) in the run's dtype, so a
+    loader can give each expert its final layout without stacking the layer first
+    (moespec.kernels.experts.ExpertWeights with a source)."""
+
+    def __init__(self, reader, prefix: str, layout, inter: int, hidden: int, dtype):
+        self.reader, self.prefix, self.names = reader, prefix, layout.expert_projections
+        self.inter, self.hidden, self.dtype, self.device = inter, hidden, dtype, reader.device
+
+    def expert(self, e: int) -> tuple[torch.Tensor, torch.Tensor]:
+        gate, up, down_name = (f"{self.prefix}.experts.{e}.{p}.weight" for p in self.names)
+        i, h = self.inter, self.hidden
+        gate_up = torch.empty(2 * i, h, dtype=self.dtype, device=self.device)
+        down = torch.empty(h, i, dtype=self.dtype, device=self.device)
+        self.reader.read_into(gate, gate_up[:i])
+        self.reader.read_into(up, gate_up[i:])
+        self.reader.read_into(down_name, down)
+        return gate_up, down
+
+
+def expert_weights(
+    reader, prefix: str, layout: WeightLayout, num_experts: int, hidden: int, inter: int, dtype
+):
+    """The ExpertWeights of the experts under `prefix`: read expert by expert from their
+    per-expert tensors when the loader finishes them (every tensor checked first, so a missing
+    or misshapen one fails before anything is built), else stacked (`load_experts`)."""
+    from moespec.kernels.experts import ExpertWeights
+
+    if f"{prefix}.experts.gate_up_proj" in reader:
+        return ExpertWeights(
+            *load_experts(reader, prefix, layout, num_experts, hidden, inter, dtype)
+        )
+    gate, up, down = layout.expert_projections
+    for e in range(num_experts):
+        for name, shape in (
+            (gate, (inter, hidden)),
+            (up, (inter, hidden)),
+            (down, (hidden, inter)),
+        ):
+            full = f"{prefix}.experts.{e}.{name}.weight"
+            reader.check(full, shape)
+    return ExpertWeights(
+        torch.empty(num_experts, 2 * inter, hidden, dtype=dtype, device="meta"),
+        torch.empty(num_experts, hidden, inter, dtype=dtype, device="meta"),
+        source=ExpertSource(reader, prefix, layout, inter, hidden, dtype),
+    )
 
 
 def load_experts(

@@ -68,7 +68,7 @@ def convert(
     """Write `model_dir` in its final layouts to `out_dir` (see the module docstring).
     weights: "bf16", "fp32", "int8" (experts, attention, dense MLPs and head; bf16 beside)
     or "int8-experts". progress(done, total) is called after each part. Returns a summary."""
-    from moespec.models import ARCHITECTURES, finished_head, finishing, load_config, model_parts
+    from moespec.models import ARCHITECTURES, Finishing, load_config, model_parts
 
     if weights not in WEIGHT_KINDS:
         raise ValueError(f"unknown weights {weights!r}; choose {', '.join(WEIGHT_KINDS)}")
@@ -84,16 +84,13 @@ def convert(
     dtype = torch.float32 if weights == "fp32" else torch.bfloat16
     reader = TensorReader(model_dir)
     source = reader.source_tensors()
-    finish = finishing(None if weights in ("bf16", "fp32") else weights, pack=True)
+    finish = Finishing(None if weights in ("bf16", "fp32") else weights)
 
     def parts(source_reader):
-        for name, part in model_parts(config, source_reader, architecture, dtype, finish):
-            if name == "lm_head":
-                part = finished_head(part, None if weights == "int8-experts" else weights, True)
-            yield name, part
+        return model_parts(config, source_reader, architecture, dtype, finish)
 
-    with portable_layouts():
-        specs = [(n, t.dtype, tuple(t.shape)) for n, t, _ in _stream(parts(MetaReader(source)))]
+    skeleton = skeleton_parts(config, source, dtype, finish.weights, model_dir)
+    specs = [(n, t.dtype, tuple(t.shape)) for n, t, _ in _stream(iter(skeleton.items()))]
     needed = sum(t.itemsize * _numel(shape) for _, t, shape in specs)
     tmp = out_dir.parent / f".{out_dir.name}.converting"
     shutil.rmtree(tmp, ignore_errors=True)  # a run interrupted before
@@ -146,6 +143,18 @@ def convert(
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     return {"out": str(out_dir), "weights": weights, "bytes": size, "tensors": len(specs)}
+
+
+def skeleton_parts(config, index: dict, dtype, weights: str | None, directory=None) -> dict:
+    """{part name: part} of a model built from a tensor index alone, on the meta device, in
+    the final layouts a converted file holds (portable ones: the pair layout and int8): the
+    shapes and dtypes, and the places, of every weight; no bytes."""
+    from moespec.models import ARCHITECTURES, Finishing, model_parts
+
+    reader = MetaReader(index, directory)
+    with portable_layouts():
+        architecture = ARCHITECTURES[config.model_type]
+        return dict(model_parts(config, reader, architecture, dtype, Finishing(weights)))
 
 
 def _numel(shape) -> int:
@@ -268,6 +277,9 @@ class MetaReader:
         dtype, shape = self.index[name]
         return DTYPES[dtype], tuple(shape)
 
+    def check(self, name: str, shape, floats: bool = True) -> None:
+        self._checked(name, shape)
+
     def _checked(self, name: str, shape) -> None:
         if name not in self.index:
             raise CheckpointError(f"tensor {name!r} is missing from {self.directory}")
@@ -335,13 +347,9 @@ def load_converted(
     """(model, tokenizer) of a converted directory, its weights mapped from the file (see
     the module docstring). dtype and weights, when given, must be what it was converted to."""
     from moespec.models import (
-        ARCHITECTURES,
         Tokenizer,
-        Transformer,
-        finished_head,
-        finishing,
+        assemble,
         load_config,
-        model_parts,
         parse_dtype,
     )
 
@@ -361,16 +369,7 @@ def load_converted(
     config = load_config(path)
     tokenizer = Tokenizer(path / "tokenizer.json")
     quantized = None if kind in ("bf16", "fp32") else kind
-    skeleton = MetaReader(manifest["source_tensors"], path)
-    finish = finishing(quantized, pack=True)
-    parts = {}
-    with portable_layouts():
-        for name, part in model_parts(
-            config, skeleton, ARCHITECTURES[config.model_type], stored, finish
-        ):
-            if name == "lm_head":
-                part = finished_head(part, None if kind == "int8-experts" else kind, True)
-            parts[name] = part
+    parts = skeleton_parts(config, manifest["source_tensors"], stored, quantized, path)
     try:
         handle = SafetensorsFile(path / WEIGHTS_FILE)
     except TensorFileError as error:
@@ -382,8 +381,7 @@ def load_converted(
             "file changed after it was converted"
         )
     _map_weights(parts, handle, path)
-    layers = [parts[f"layers.{i}"] for i in range(config.num_layers)]
-    model = Transformer(config, parts["embed"], layers, parts["norm"], parts["lm_head"], stored)
+    model = assemble(config, parts, stored)
     if pack:  # what oneDNN takes in its own layout here (fp32 products): copies
         model.pack(experts=pack_experts)
     model.weights_file = handle

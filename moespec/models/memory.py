@@ -12,6 +12,8 @@ anonymous pages (what this process alone holds) and file pages (mapped weights, 
 every process that maps the same converted file).
 """
 
+import ctypes
+import functools
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -52,23 +54,9 @@ def model_footprint(path: str | Path, dtype=None, weights: str | None = None) ->
     index alone (no tensor is read)."""
     import torch
 
-    from moespec.models import (
-        ARCHITECTURES,
-        Transformer,
-        finished_head,
-        finishing,
-        load_config,
-        model_parts,
-        parse_dtype,
-    )
+    from moespec.models import assemble, load_config, parse_dtype
     from moespec.models.checkpoint import TensorReader
-    from moespec.models.converted import (
-        MetaReader,
-        _stream,
-        is_converted,
-        portable_layouts,
-        read_manifest,
-    )
+    from moespec.models.converted import _stream, is_converted, read_manifest, skeleton_parts
     from moespec.models.tensorfile import DTYPES
 
     path = Path(path)
@@ -85,25 +73,9 @@ def model_footprint(path: str | Path, dtype=None, weights: str | None = None) ->
         index = TensorReader(path).source_tensors()
         dtype = parse_dtype(dtype or torch.bfloat16)
     config = load_config(path)
-    parts = []
-    with portable_layouts():  # oneDNN's own layouts take the same bytes
-        for name, part in model_parts(
-            config,
-            MetaReader(index, path),
-            ARCHITECTURES[config.model_type],
-            dtype,
-            finishing(weights, pack=True),
-        ):
-            if name == "lm_head":
-                part = finished_head(part, None if weights == "int8-experts" else weights, True)
-            parts.append((name, part))
-        total = sum(t.nbytes for _, t, _ in _stream(iter(parts)))
-        named = dict(parts)
-        layers = [named[f"layers.{i}"] for i in range(config.num_layers)]
-        skeleton = Transformer(
-            config, named["embed"], layers, named["norm"], named["lm_head"], dtype
-        )
-        cache = skeleton.new_cache(capacity=1)
+    parts = skeleton_parts(config, index, dtype, weights, path)
+    total = sum(t.nbytes for _, t, _ in _stream(iter(parts.items())))
+    cache = assemble(config, parts, dtype).new_cache(capacity=1)
     per_position = sum(t.nbytes for store in (cache.keys, cache.values) for t in store)
     kind = weights or {torch.bfloat16: "bf16", torch.float32: "fp32"}.get(dtype, str(dtype))
     return Footprint(total, per_position, int(config.max_position_embeddings), kind, converted)
@@ -137,6 +109,23 @@ def process_memory() -> dict:
 
         out["peak_rss"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
     return out
+
+
+@functools.cache
+def _libc():
+    try:
+        return ctypes.CDLL("libc.so.6")
+    except OSError:
+        return None
+
+
+def trim_heap() -> None:
+    """Hand the heap's free pages back to the system (glibc's malloc_trim). A loader that
+    allocates and frees one expert's source after another would otherwise keep the freed
+    buffers (glibc raises its mmap threshold after such frees) and look half a layer larger."""
+    libc = _libc()
+    if libc is not None and hasattr(libc, "malloc_trim"):
+        libc.malloc_trim(0)
 
 
 class MemoryRefusal(SettingError):

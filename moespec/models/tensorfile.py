@@ -92,6 +92,39 @@ class SafetensorsFile:
             return raw.clone().view(dtype).view(shape)
         return torch.frombuffer(self._map, dtype=dtype, count=count, offset=start).view(shape)
 
+    def read(self, name: str) -> torch.Tensor:
+        """The tensor as a new tensor of its own (read with pread: no mapped page is touched,
+        so nothing of the file stays in this process; the page cache keeps it)."""
+        dtype, shape = self.spec(name)
+        out = torch.empty(shape, dtype=dtype)
+        self._read_bytes(name, out)
+        return out
+
+    def read_into(self, name: str, out: torch.Tensor) -> None:
+        """Copy the tensor into `out` (its shape; converted to out's dtype where it differs)."""
+        dtype, shape = self.spec(name)
+        if tuple(out.shape) != shape:
+            raise TensorFileError(
+                f"{self.path}: tensor {name!r} is {list(shape)}, not {list(out.shape)}"
+            )
+        if out.dtype == dtype and out.is_contiguous():
+            self._read_bytes(name, out)
+        else:
+            out.copy_(self.read(name))
+
+    def _read_bytes(self, name: str, out: torch.Tensor) -> None:
+        start, end = self.byte_range(name)
+        if end == start:
+            return
+        view = memoryview(out.view(-1).view(torch.uint8).numpy())
+        done = 0
+        with open(self.path, "rb", buffering=0) as f:
+            while done < end - start:
+                got = os.preadv(f.fileno(), [view[done:]], start + done)
+                if got <= 0:
+                    raise TensorFileError(f"{self.path} ended while reading tensor {name!r}")
+                done += got
+
     def holds(self, tensor: torch.Tensor) -> bool:
         """Whether `tensor`'s bytes lie in this file's map (a view, not a copy)."""
         if self._map is None:
