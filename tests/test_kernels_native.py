@@ -24,7 +24,7 @@ from moespec.kernels.native import (
     read_sum,
     unpack_pairs,
 )
-from moespec.kernels.quant import int8_reference, quantize_int8
+from moespec.kernels.quant import int8_reference, quantize_int8, quantize_reference
 
 FAMILY = cpu_paths().family
 NO_PAIRS = layout_function("bf16", FAMILY)[1]
@@ -349,3 +349,34 @@ def test_read_bandwidth_times_the_native_read(monkeypatch):
     monkeypatch.setattr("moespec.kernels.native.read_sum", lambda b: calls.append(1) or real(b))
     beta = read_bandwidth(1 << 24, repeats=2)
     assert len(calls) == 3 and beta > 0  # one warm-up and two timed reads
+
+
+def _pairs_reference(weight: torch.Tensor) -> torch.Tensor:
+    """The pair layout by tensor operations: pad, group 64 rows, swap rows and pairs."""
+    out, inp = weight.shape
+    padded = torch.nn.functional.pad(weight, (0, inp % 2, 0, -out % 64))
+    return padded.reshape(-1, 64, padded.shape[1] // 2, 2).permute(0, 2, 1, 3).contiguous()
+
+
+@pytest.mark.skipif(native().lib is None, reason=str(native().reason))
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.int8])
+@pytest.mark.parametrize("shape", [(2048, 512), (130, 33), (64, 2), (1, 7), (200, 1)])
+def test_the_native_pair_layout_equals_the_tensor_reference(dtype, shape):
+    weight = (torch.randn(shape) * 40).to(dtype)
+    packed = pack_pairs(weight)
+    assert packed.dtype == dtype and torch.equal(packed, _pairs_reference(weight))
+    assert torch.equal(unpack_pairs(packed, shape), weight)
+
+
+@needs_int8
+@pytest.mark.parametrize("shape", [(2048, 512), (130, 33), (64, 2), (1, 7), (3, 1), (70, 1000)])
+def test_native_int8_quantization_equals_the_tensor_reference_bit_for_bit(shape):
+    torch.manual_seed(0)
+    weight = (torch.randn(shape) * torch.rand(shape[0], 1) * 3).to(torch.bfloat16)
+    weight[0] = 0  # an all-zero row keeps scale 0
+    weight[-1, 0] = 1e-30  # a tiny scale, below the smallest normal fp32 once divided
+    native_weight, reference = quantize_int8(weight), quantize_reference(weight, paired=True)
+    assert native_weight.values is None  # made straight in the pair layout
+    assert torch.equal(native_weight.pairs, reference.pairs)
+    assert torch.equal(native_weight.scales, reference.scales)
+    assert native_weight.nbytes == reference.nbytes and native_weight.shape == reference.shape
