@@ -86,7 +86,6 @@ def export_gguf(
         writer.write_ti_data_to_file()
         for t in plan:
             writer.write_tensor_data(encode(t.load(), t.qtype))
-            reader.release()  # the source pages read for it leave this process
         writer.close()
     return {
         "architecture": arch,

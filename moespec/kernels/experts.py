@@ -191,12 +191,18 @@ class ExpertWeights:
         down = torch.empty(self.down.shape, dtype=self.dtype, device=self.source.device)
         for e in range(self.num_experts):
             gate_up[e], down[e] = self.source.expert(e)
-        self.gate_up, self.down, self.source = gate_up, down, None
+        self._close_source()
+        self.gate_up, self.down = gate_up, down
         return self
 
     def _drop_stacked(self) -> None:
         self.gate_up = torch.empty(self.gate_up.shape, dtype=self.dtype, device="meta")
         self.down = torch.empty(self.down.shape, dtype=self.dtype, device="meta")
+        self._close_source()
+
+    def _close_source(self) -> None:
+        if self.source is not None and hasattr(self.source, "close"):
+            self.source.close()
         self.source = None
 
     def to(self, dtype: torch.dtype) -> "ExpertWeights":

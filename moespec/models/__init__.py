@@ -26,7 +26,7 @@ from moespec.models.checkpoint import CheckpointError, TensorReader, expert_weig
 from moespec.models.config import ConfigError, ModelConfig, eos_ids
 from moespec.models.context import ContextOverflowError, context_length, fit_context
 from moespec.models.layers import Attention, DenseMLP
-from moespec.models.memory import trim_heap
+from moespec.models.memory import loading_heap
 from moespec.models.moe import MoEBlock, RoutingSink, route
 from moespec.models.tokenizer import StreamingDetokenizer, Tokenizer
 from moespec.models.transformer import Layer, Transformer
@@ -219,6 +219,11 @@ def model_parts(config: ModelConfig, reader: TensorReader, architecture, dtype, 
     layout by `finish` (a Finishing) as soon as it is read, so loading holds the finished
     parts and one layer's source, never the whole model in `dtype` first; a converter writes
     each part and drops it (moespec.models.converted)."""
+    with loading_heap():
+        yield from _parts(config, reader, architecture, dtype, finish)
+
+
+def _parts(config, reader, architecture, dtype, finish):
     c = config
     base = getattr(architecture, "weights_prefix", lambda _: "model")(reader)
     norm = getattr(architecture, "load_norm", _norm)
@@ -230,18 +235,14 @@ def model_parts(config: ModelConfig, reader: TensorReader, architecture, dtype, 
         lm_head = reader.get("lm_head.weight", (c.vocab_size, c.hidden_size), dtype)
     yield "lm_head", lm_head if finish is None else finish.head(lm_head)
     del lm_head
-    reader.release()
     for i in range(c.num_layers):
         layer = _build_layer(c, reader, architecture, dtype, f"{base}.layers.{i}", i)
         if finish is not None:
             finish.layer(layer)
         if isinstance(layer.mlp, MoEBlock):  # experts left in the checkpoint are read now
             layer.mlp.experts.materialize()
-        reader.release()
-        trim_heap()
         yield f"layers.{i}", layer
     yield "norm", norm(reader, f"{base}.norm.weight", c.hidden_size, dtype)
-    reader.release()
 
 
 def _build_layer(c: ModelConfig, reader, architecture, dtype, prefix: str, i: int) -> Layer:

@@ -10,6 +10,7 @@ Qwen3/OLMoE/Mixtral checkpoints and `save_pretrained` write them, or fused). Eve
 `CheckpointError` naming the file and the tensor; nothing half-loaded is returned.
 """
 
+import functools
 import json
 from dataclasses import dataclass
 from pathlib import Path
@@ -85,12 +86,6 @@ class TensorReader:
             except TensorFileError as error:
                 raise CheckpointError(str(error)) from None
         return self._handles[path]
-
-    def release(self) -> None:
-        """Drop every mapped page touched so far from this process (reads touch none; views
-        of a map taken elsewhere do)."""
-        for handle in self._handles.values():
-            handle.release()
 
     def spec(self, name: str) -> tuple[torch.dtype, tuple[int, ...]]:
         """(dtype, shape) of tensor `name` as stored."""
@@ -173,14 +168,26 @@ class ExpertSource:
     """A layer's experts as the checkpoint keeps them, one tensor per projection per expert:
     `expert(e)` reads expert e's (gate_up [2I, H], down [H, I]) in the run's dtype, so a
     loader can give each expert its final layout without stacking the layer first
-    (moespec.kernels.experts.ExpertWeights with a source)."""
+    (moespec.kernels.experts.ExpertWeights with a source). Read in order, expert e + 1 is read
+    on a reading thread while the caller lays out expert e (reads and the native layout
+    loops both run outside the interpreter's lock), so reading and laying out overlap."""
 
     def __init__(self, reader, prefix: str, layout, inter: int, hidden: int, dtype):
         self.reader, self.prefix, self.names = reader, prefix, layout.expert_projections
         self.inter, self.hidden, self.dtype, self.device = inter, hidden, dtype, reader.device
+        self._ahead = None  # (e, future) of the expert being read ahead
 
     def expert(self, e: int) -> tuple[torch.Tensor, torch.Tensor]:
+        ahead, self._ahead = self._ahead, None
+        weights = ahead[1].result() if ahead is not None and ahead[0] == e else self._read(e)
+        if self.device.type == "cpu":
+            self._ahead = (e + 1, _reading_thread().submit(self._read, e + 1))
+        return weights
+
+    def _read(self, e: int) -> tuple[torch.Tensor, torch.Tensor] | None:
         gate, up, down_name = (f"{self.prefix}.experts.{e}.{p}.weight" for p in self.names)
+        if gate not in self.reader:
+            return None  # past the last expert
         i, h = self.inter, self.hidden
         gate_up = torch.empty(2 * i, h, dtype=self.dtype, device=self.device)
         down = torch.empty(h, i, dtype=self.dtype, device=self.device)
@@ -188,6 +195,19 @@ class ExpertSource:
         self.reader.read_into(up, gate_up[i:])
         self.reader.read_into(down_name, down)
         return gate_up, down
+
+    def close(self) -> None:
+        """Wait for a read ahead still under way (its result is dropped)."""
+        ahead, self._ahead = self._ahead, None
+        if ahead is not None:
+            ahead[1].result()
+
+
+@functools.cache
+def _reading_thread():
+    from concurrent.futures import ThreadPoolExecutor
+
+    return ThreadPoolExecutor(max_workers=1, thread_name_prefix="moespec-read")
 
 
 def expert_weights(

@@ -299,9 +299,6 @@ class MetaReader:
     def read_into(self, name: str, out: torch.Tensor) -> None:
         self._checked(name, out.shape)
 
-    def release(self) -> None:
-        pass
-
 
 def read_manifest(path: Path) -> dict:
     manifest = read_json(path / MANIFEST)

@@ -12,6 +12,7 @@ anonymous pages (what this process alone holds) and file pages (mapped weights, 
 every process that maps the same converted file).
 """
 
+import contextlib
 import ctypes
 import functools
 import os
@@ -119,10 +120,33 @@ def _libc():
         return None
 
 
+M_TRIM_THRESHOLD, M_MMAP_THRESHOLD = -1, -3  # mallopt's parameters (glibc's malloc.h)
+
+
+@contextlib.contextmanager
+def loading_heap():
+    """The heap while a model loads: every allocation from 1 MiB its own mapping, returned to
+    the system when freed. A loader allocates and frees one expert's source after another;
+    under glibc's default the first such frees raise the mapping threshold, later buffers
+    come from the heap, and the process looked 0.4 GB larger per OLMoE layer (measured) than
+    what it holds. Afterwards the thresholds are fixed where glibc's own adjustment ends
+    (32 MiB, trimmed beyond 64 MiB), so decoding's temporaries are reused as before, and the
+    free pages are handed back (malloc_trim)."""
+    libc = _libc()
+    if libc is None or not hasattr(libc, "mallopt"):
+        yield
+        return
+    libc.mallopt(M_MMAP_THRESHOLD, 1 << 20)
+    try:
+        yield
+    finally:
+        libc.mallopt(M_MMAP_THRESHOLD, 32 << 20)
+        libc.mallopt(M_TRIM_THRESHOLD, 64 << 20)
+        trim_heap()
+
+
 def trim_heap() -> None:
-    """Hand the heap's free pages back to the system (glibc's malloc_trim). A loader that
-    allocates and frees one expert's source after another would otherwise keep the freed
-    buffers (glibc raises its mmap threshold after such frees) and look half a layer larger."""
+    """Hand the heap's free pages back to the system (glibc's malloc_trim)."""
     libc = _libc()
     if libc is not None and hasattr(libc, "malloc_trim"):
         libc.malloc_trim(0)

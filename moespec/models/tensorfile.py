@@ -1,13 +1,13 @@
 """safetensors files read through a memory map and written as a stream, without a second copy.
 
 Reading (`SafetensorsFile`): the header is parsed and checked against the file's size (a
-truncated or corrupt shard is refused, naming the file, before any tensor is read); a tensor
-is a view of the mapped file (`view`), so nothing is read until it is touched. The map is
-private (copy on write): the weights are never written back, and two processes mapping the
-same file share its pages in the page cache. `release()` drops the mapped pages from this
-process (madvise MADV_DONTNEED; the page cache keeps them), so a loader that copies each
-layer into its final layout and then releases the source holds one layer's source at a time,
-not the whole file (file-backed pages count toward resident memory while they are mapped).
+truncated or corrupt shard is refused, naming the file, before any tensor is read). A tensor
+is either a view of the mapped file (`view`: no copy, read when touched; how a converted
+model's final layouts are used) or read into a tensor of its own with pread (`read`,
+`read_into`: how a checkpoint's tensors are copied into their final layout, touching no
+mapped page, so nothing of the source stays resident in the process). The map is private
+(copy on write): the weights are never written back, and two processes mapping the same file
+share its pages in the page cache.
 
 Writing (`write_safetensors`): the header is written first from the tensors' specs, then each
 tensor's bytes in order as it is produced, so a converter holds one tensor (or one layer) at a
@@ -40,7 +40,6 @@ DTYPES = {
 NAMES = {dtype: name for name, dtype in DTYPES.items()}
 MAX_HEADER_BYTES = 100 << 20  # the safetensors package's own bound
 ALIGN = 64  # every tensor starts on a 64-byte boundary (the wider vector loads like it)
-PAGE = mmap.PAGESIZE
 PADDING = "__padding__"  # the names of the gaps that align each tensor
 
 
@@ -131,21 +130,6 @@ class SafetensorsFile:
             return False
         start = ctypes.addressof(ctypes.c_char.from_buffer(self._map))
         return start <= tensor.data_ptr() < start + self.size
-
-    def release(self, start: int = 0, end: int | None = None) -> None:
-        """Drop the mapped pages of [start, end) (the whole file by default) from this process;
-        views stay valid (touched again, they are read again from the page cache or disk)."""
-        if self._map is None:
-            return
-        end = self.size if end is None else end
-        first = start // PAGE * PAGE
-        if end > first:
-            self._map.madvise(mmap.MADV_DONTNEED, first, end - first)
-
-    def advise_sequential(self) -> None:
-        """Tell the kernel the file will be read in order (read-ahead for a first load)."""
-        if self._map is not None:
-            self._map.madvise(mmap.MADV_SEQUENTIAL)
 
 
 def _itemsize(dtype: torch.dtype) -> int:
