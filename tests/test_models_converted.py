@@ -171,3 +171,20 @@ def test_a_stream_that_disagrees_with_its_specs_is_refused(tmp_path):
     specs = [("a", torch.float32, (2,))]
     with pytest.raises(ValueError, match=r"'a' is torch.float32 \[3\]"):
         write_safetensors(tmp_path / "x", specs, iter([("a", torch.zeros(3))]))
+
+
+def test_the_convert_command_writes_once_and_refuses_in_one_line(checkpoint_dir, tmp_path, capsys):
+    from moespec.cli import main
+
+    directory, _ = checkpoint_dir("olmoe")
+    out = tmp_path / "c"
+    assert main(["convert", str(directory), str(out), "--weights", "int8", "--json"]) == 0
+    summary = json.loads(capsys.readouterr().out)
+    assert summary["weights"] == "int8" and summary["bytes"] == (out / WEIGHTS_FILE).stat().st_size
+    assert main(["convert", str(directory), str(out)]) == 2
+    error = capsys.readouterr().err
+    assert "already exists" in error and "--force" in error and error.count("\n") == 1
+    assert main(["convert", str(out), str(tmp_path / "again")]) == 2
+    assert "already converted" in capsys.readouterr().err
+    assert main(["generate", "--model", str(out), "w1 w2", "--max-tokens", "3", "--json"]) == 0
+    assert len(json.loads(capsys.readouterr().out)["tokens"]) == 3
