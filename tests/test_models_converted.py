@@ -188,3 +188,30 @@ def test_the_convert_command_writes_once_and_refuses_in_one_line(checkpoint_dir,
     assert "already converted" in capsys.readouterr().err
     assert main(["generate", "--model", str(out), "w1 w2", "--max-tokens", "3", "--json"]) == 0
     assert len(json.loads(capsys.readouterr().out)["tokens"]) == 3
+
+
+def test_a_write_that_fails_midway_leaves_nothing_and_says_so_in_one_line(checkpoint_dir, tmp_path):
+    """A real failed write (a file-size limit, as a full disk fails a write): exit 2, one
+    line naming the output, neither the output nor its temporary directory left."""
+    import resource
+    import signal
+    import subprocess
+    import sys
+
+    directory, _ = checkpoint_dir("olmoe")
+
+    def limited():
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # the write fails (EFBIG) instead
+        resource.setrlimit(resource.RLIMIT_FSIZE, (64 << 10, 64 << 10))
+
+    out = tmp_path / "c"
+    done = subprocess.run(
+        [sys.executable, "-m", "moespec", "convert", str(directory), str(out)],
+        capture_output=True,
+        text=True,
+        preexec_fn=limited,
+        timeout=300,
+    )
+    assert done.returncode == 2
+    assert done.stderr.count("\n") == 1 and str(out) in done.stderr, done.stderr
+    assert list(tmp_path.iterdir()) == []

@@ -24,6 +24,7 @@ at load, as copies. A manifest of another layout version, or layouts this CPU's 
 read, is refused in one line with the command that converts again.
 """
 
+import errno
 import hashlib
 import json
 import os
@@ -92,17 +93,17 @@ def convert(
     skeleton = skeleton_parts(config, source, dtype, finish.weights, model_dir)
     specs = [(n, t.dtype, tuple(t.shape)) for n, t, _ in _stream(iter(skeleton.items()))]
     needed = sum(t.itemsize * _numel(shape) for _, t, shape in specs)
+    free = shutil.disk_usage(out_dir.parent).free
+    if free < needed:
+        raise OSError(
+            errno.ENOSPC,
+            f"{out_dir.parent} has {free / 1e9:.2f} GB free and the converted weights need "
+            f"{needed / 1e9:.2f} GB",
+        )
     tmp = out_dir.parent / f".{out_dir.name}.converting"
     shutil.rmtree(tmp, ignore_errors=True)  # a run interrupted before
     tmp.mkdir()
     try:
-        free = shutil.disk_usage(tmp).free
-        if free < needed:
-            raise OSError(
-                28,
-                f"{out_dir.parent} has {free / 1e9:.2f} GB free; the converted weights "
-                f"need {needed / 1e9:.2f} GB",
-            )
         total = len(
             {".".join(n.split(".")[: 2 if n.startswith("layers.") else 1]) for n, _, _ in specs}
         )
@@ -136,9 +137,10 @@ def convert(
         _publish(tmp, out_dir)
     except OSError as error:
         shutil.rmtree(tmp, ignore_errors=True)
-        if error.errno == 28:
-            raise OSError(28, f"the disk filled up writing {out_dir}: {error.strerror}") from None
-        raise
+        what = "the disk filled up" if error.errno == errno.ENOSPC else "a write failed"
+        raise OSError(
+            error.errno, f"{what} writing {out_dir} ({error.strerror}); nothing was written"
+        ) from None
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
