@@ -86,10 +86,6 @@ def convert(
     reader = TensorReader(model_dir)
     source = reader.source_tensors()
     finish = Finishing(None if weights in ("bf16", "fp32") else weights)
-
-    def parts(source_reader):
-        return model_parts(config, source_reader, architecture, dtype, finish)
-
     skeleton = skeleton_parts(config, source, dtype, finish.weights, model_dir)
     specs = [(n, t.dtype, tuple(t.shape)) for n, t, _ in _stream(iter(skeleton.items()))]
     needed = sum(t.itemsize * _numel(shape) for _, t, shape in specs)
@@ -111,7 +107,8 @@ def convert(
 
         def tensors():
             with portable_layouts():
-                for name, tensor, new_part in _stream(parts(reader)):
+                parts = model_parts(config, reader, architecture, dtype, finish)
+                for name, tensor, new_part in _stream(parts):
                     if new_part and progress is not None:
                         done[0] += 1
                         progress(done[0], total)
