@@ -34,6 +34,7 @@ from pathlib import Path
 import torch
 
 from moespec import __version__
+from moespec.files import OutputExistsError
 from moespec.kernels.experts import ExpertWeights
 from moespec.kernels.linear import portable_layouts
 from moespec.models.checkpoint import CheckpointError, TensorReader, read_json
@@ -77,7 +78,7 @@ def convert(
     if is_converted(model_dir):
         raise CheckpointError(f"{model_dir} is already converted; convert its source instead")
     if out_dir.exists() and not force:
-        raise FileExistsError(f"{out_dir} already exists (pass --force to replace it)")
+        raise OutputExistsError(out_dir)
     if not out_dir.parent.is_dir():
         raise FileNotFoundError(f"directory {out_dir.parent} does not exist (for {out_dir})")
     config = load_config(model_dir)
@@ -359,8 +360,8 @@ def load_converted(
         )
     if weights is not None and weights != kind:
         raise CheckpointError(
-            f"{path} was converted to --weights {kind}; convert the source again for "
-            f"--weights {weights}"
+            f"{path} was converted to {kind} weights; convert the source again for "
+            f"{weights} weights"
         )
     config = load_config(path)
     tokenizer = Tokenizer(path / "tokenizer.json")
