@@ -149,7 +149,8 @@ class ExpertWeights:
         return dense(gate_up), dense(down)
 
     def _expert(self, e: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """(gate_up [2I, H], down [H, I]) of expert e, from the source while there is one."""
+        """(gate_up [2I, H], down [H, I]) of expert e, from the source while there is one
+        (valid until the next call: copy what is kept)."""
         if self.source is not None:
             return self.source.expert(e)
         return self.gate_up[e], self.down[e]
@@ -161,13 +162,17 @@ class ExpertWeights:
         gate_up, down = [], []
         for e in range(self.num_experts):
             g, d = self._expert(e)
-            gate_up.append(pack(g))
-            down.append(pack(d))
+            gate_up.append(self._own(pack(g), g))
+            down.append(self._own(pack(d), d))
         if not any(isinstance(w, PackedWeight | PairWeight) for w in gate_up + down):
             return self.materialize()  # nothing pays on this CPU for this dtype and shape
         self.packed_gate_up, self.packed_down = gate_up, down
         self._drop_stacked()
         return self
+
+    def _own(self, weight, source_tensor):
+        """A weight `pack` left as it was, copied where it is a source's buffer (reused)."""
+        return weight.clone() if weight is source_tensor and self.source is not None else weight
 
     def quantize_int8(self) -> "ExpertWeights":
         """Every expert to int8 with per-output-channel scales; drop the stacked copies (in

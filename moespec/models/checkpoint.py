@@ -168,20 +168,23 @@ class ExpertSource:
     """A layer's experts as the checkpoint keeps them, one tensor per projection per expert:
     `expert(e)` reads expert e's (gate_up [2I, H], down [H, I]) in the run's dtype, so a
     loader can give each expert its final layout without stacking the layer first
-    (moespec.kernels.experts.ExpertWeights with a source). Read in order, expert e + 1 is read
-    on a reading thread while the caller lays out expert e (reads and the native layout
-    loops both run outside the interpreter's lock), so reading and laying out overlap."""
+    (moespec.kernels.experts.ExpertWeights with a source). What it returns is valid until
+    the next call (the caller copies it into a layout of its own): two buffers take turns, so
+    no expert costs a fresh allocation, and in order, expert e + 1 is read into the other one
+    on a reading thread while the caller lays out expert e (reads and the native layout loops
+    both run outside the interpreter's lock), so reading and laying out overlap."""
 
     def __init__(self, reader, prefix: str, layout, inter: int, hidden: int, dtype):
         self.reader, self.prefix, self.names = reader, prefix, layout.expert_projections
         self.inter, self.hidden, self.dtype, self.device = inter, hidden, dtype, reader.device
+        self._buffers = None  # two (gate_up, down) pairs, made on the first read
         self._ahead = None  # (e, future) of the expert being read ahead
 
     def expert(self, e: int) -> tuple[torch.Tensor, torch.Tensor]:
         ahead, self._ahead = self._ahead, None
         weights = ahead[1].result() if ahead is not None and ahead[0] == e else self._read(e)
         if self.device.type == "cpu":
-            self._ahead = (e + 1, _reading_thread().submit(self._read, e + 1))
+            self._ahead = (e + 1, _thread("read").submit(self._read, e + 1))
         return weights
 
     def _read(self, e: int) -> tuple[torch.Tensor, torch.Tensor] | None:
@@ -189,25 +192,36 @@ class ExpertSource:
         if gate not in self.reader:
             return None  # past the last expert
         i, h = self.inter, self.hidden
-        gate_up = torch.empty(2 * i, h, dtype=self.dtype, device=self.device)
-        down = torch.empty(h, i, dtype=self.dtype, device=self.device)
+        if self.device.type != "cpu":  # the meta skeleton: shapes only
+            return (
+                torch.empty(2 * i, h, dtype=self.dtype, device=self.device),
+                torch.empty(h, i, dtype=self.dtype, device=self.device),
+            )
+        if self._buffers is None:
+            self._buffers = [
+                (torch.empty(2 * i, h, dtype=self.dtype), torch.empty(h, i, dtype=self.dtype))
+                for _ in range(2)
+            ]
+        gate_up, down = self._buffers[e % 2]
         self.reader.read_into(gate, gate_up[:i])
         self.reader.read_into(up, gate_up[i:])
         self.reader.read_into(down_name, down)
         return gate_up, down
 
     def close(self) -> None:
-        """Wait for a read ahead still under way (its result is dropped)."""
+        """Wait for a read ahead still under way, and drop the buffers."""
         ahead, self._ahead = self._ahead, None
         if ahead is not None:
             ahead[1].result()
+        self._buffers = None
 
 
 @functools.cache
-def _reading_thread():
+def _thread(name: str):
+    """A thread of the loader's own ("read": the next expert)."""
     from concurrent.futures import ThreadPoolExecutor
 
-    return ThreadPoolExecutor(max_workers=1, thread_name_prefix="moespec-read")
+    return ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"moespec-{name}")
 
 
 def expert_weights(

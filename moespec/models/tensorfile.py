@@ -60,6 +60,7 @@ class SafetensorsFile:
         except OSError as error:
             raise TensorFileError(f"{self.path} cannot be read: {error.strerror}") from None
         self.size = size
+        self._fd = None
 
     def names(self) -> list[str]:
         """The tensors' names (the alignment gaps left out)."""
@@ -117,12 +118,21 @@ class SafetensorsFile:
             return
         view = memoryview(out.view(-1).view(torch.uint8).numpy())
         done = 0
-        with open(self.path, "rb", buffering=0) as f:
-            while done < end - start:
-                got = os.preadv(f.fileno(), [view[done:]], start + done)
-                if got <= 0:
-                    raise TensorFileError(f"{self.path} ended while reading tensor {name!r}")
-                done += got
+        while done < end - start:
+            got = os.preadv(self._descriptor(), [view[done:]], start + done)
+            if got <= 0:
+                raise TensorFileError(f"{self.path} ended while reading tensor {name!r}")
+            done += got
+
+    def _descriptor(self) -> int:
+        """One descriptor for every read, so the kernel's read-ahead follows them."""
+        if self._fd is None:
+            self._fd = os.open(self.path, os.O_RDONLY)
+        return self._fd
+
+    def __del__(self):
+        if getattr(self, "_fd", None) is not None:
+            os.close(self._fd)
 
     def holds(self, tensor: torch.Tensor) -> bool:
         """Whether `tensor`'s bytes lie in this file's map (a view, not a copy)."""
