@@ -321,12 +321,15 @@ def pack_pairs(weight: torch.Tensor) -> torch.Tensor:
     read: groups of 64 output rows, each [in / 2][64][2] (pairs of consecutive inputs side by
     side), zero-padded to a multiple of 64 rows and 2 columns."""
     out, inp = weight.shape
+    if weight.is_meta:  # a converted model's skeleton: the shape alone
+        shape = (-(-out // PAIR_GROUP), -(-inp // 2), PAIR_GROUP, 2)
+        return torch.empty(shape, dtype=weight.dtype, device="meta")
     pad = (0, inp % 2, 0, -out % PAIR_GROUP)
     padded = torch.nn.functional.pad(weight, pad) if any(pad) else weight
     groups = padded.reshape(-1, PAIR_GROUP, padded.shape[1] // 2, 2)  # [G, 64, JP, 2]
     lib = native().lib if padded.device.type == "cpu" else None
     function = getattr(lib, f"moespec_pack_pairs{padded.element_size() * 16}", None)
-    if function is None:  # the meta device's skeleton, or no native library
+    if function is None:  # no native library
         return groups.permute(0, 2, 1, 3).contiguous()  # [G, JP, 64, 2]
     padded = padded.contiguous()
     packed = torch.empty(groups.shape[0], groups.shape[2], PAIR_GROUP, 2, dtype=padded.dtype)

@@ -79,6 +79,8 @@ def quantize_int8(weight: torch.Tensor) -> Int8Weight:
     if weight.dim() != 2 or not weight.is_floating_point():
         raise ValueError(f"int8 quantization wants a float [out, in] weight, got {weight.shape}")
     paired = pairs_path(weight)
+    if weight.is_meta:  # a converted model's skeleton: the layout's shapes, no arithmetic
+        return _meta_int8(weight, paired)
     function = getattr(native().lib, "moespec_quantize_pairs_bf16", None) if paired else None
     if function is None or weight.device.type != "cpu":
         return quantize_reference(weight, paired)
@@ -87,6 +89,17 @@ def quantize_int8(weight: torch.Tensor) -> Int8Weight:
     pairs = torch.zeros(-(-out // PAIR_GROUP), -(-inp // 2), PAIR_GROUP, 2, dtype=torch.int8)
     scales = torch.empty(out, dtype=torch.bfloat16)
     function(source.data_ptr(), out, inp, pairs.data_ptr(), scales.data_ptr(), _threads(None))
+    return Int8Weight.paired_from(pairs, scales, (out, inp))
+
+
+def _meta_int8(weight: torch.Tensor, paired: bool) -> Int8Weight:
+    out, inp = weight.shape
+    scales = torch.empty(out, dtype=weight.dtype, device="meta")
+    if not paired:
+        return Int8Weight(torch.empty(out, inp, dtype=torch.int8, device="meta"), scales)
+    pairs = torch.empty(
+        -(-out // PAIR_GROUP), -(-inp // 2), PAIR_GROUP, 2, dtype=torch.int8, device="meta"
+    )
     return Int8Weight.paired_from(pairs, scales, (out, inp))
 
 

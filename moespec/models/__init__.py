@@ -25,7 +25,7 @@ from moespec.models.cache import KVCache
 from moespec.models.checkpoint import CheckpointError, TensorReader, expert_weights, read_json
 from moespec.models.config import ConfigError, ModelConfig, eos_ids
 from moespec.models.context import ContextOverflowError, context_length, fit_context
-from moespec.models.layers import Attention, DenseMLP
+from moespec.models.layers import Attention, DenseMLP, concat
 from moespec.models.memory import loading_heap
 from moespec.models.moe import MoEBlock, RoutingSink, route
 from moespec.models.tokenizer import StreamingDetokenizer, Tokenizer
@@ -280,7 +280,7 @@ def _attention(c: ModelConfig, reader: TensorReader, attn: str, dtype) -> Attent
     get = reader.get
     h, d = c.hidden_size, c.head_dim
     q_size, kv_size = c.num_heads * d, c.num_kv_heads * d
-    qkv = torch.cat(
+    qkv = concat(
         [
             get(f"{attn}.q_proj.weight", (q_size, h), dtype),
             get(f"{attn}.k_proj.weight", (kv_size, h), dtype),
@@ -289,7 +289,7 @@ def _attention(c: ModelConfig, reader: TensorReader, attn: str, dtype) -> Attent
     )
     qkv_bias = o_bias = None
     if c.attention_bias:
-        qkv_bias = torch.cat(
+        qkv_bias = concat(
             [
                 get(f"{attn}.q_proj.bias", (q_size,), dtype),
                 get(f"{attn}.k_proj.bias", (kv_size,), dtype),
@@ -343,7 +343,7 @@ def _moe_block(c: ModelConfig, reader: TensorReader, moe: str, layout, dtype) ->
 def _dense_mlp(reader: TensorReader, prefix: str, hidden: int, inter: int, dtype) -> DenseMLP:
     get = reader.get
     return DenseMLP(
-        gate_up=torch.cat(
+        gate_up=concat(
             [
                 get(f"{prefix}.gate_proj.weight", (inter, hidden), dtype),
                 get(f"{prefix}.up_proj.weight", (inter, hidden), dtype),

@@ -27,7 +27,7 @@ from moespec.models.config import (
     optional,
     require,
 )
-from moespec.models.layers import attend, rms_norm, rotate, yarn_mscale
+from moespec.models.layers import attend, concat, rms_norm, rotate, yarn_mscale
 
 LAYOUT = WeightLayout()
 LATENT_NORM_EPS = 1e-6  # transformers' DeepseekV2RMSNorm default, for q_a and kv_a norms
@@ -185,13 +185,13 @@ def build_attention(c: ModelConfig, reader: TensorReader, attn: str, dtype) -> L
     else:
         q = get(f"{attn}.q_proj.weight", (heads * (nope + rope), h), dtype)
     q = q.view(heads, nope + rope, q_in)
-    q = torch.cat((q[:, :nope], q[:, nope:][:, order]), dim=1).reshape(-1, q_in)
+    q = concat((q[:, :nope], q[:, nope:][:, order]), dim=1).reshape(-1, q_in)
     kv_a = get(f"{attn}.kv_a_proj_with_mqa.weight", (latent + rope, h), dtype)
-    kv_a = torch.cat((kv_a[:latent], kv_a[latent:][order]))
+    kv_a = concat((kv_a[:latent], kv_a[latent:][order]))
     kv_a_bias = None
     if c.attention_bias:
         kv_a_bias = get(f"{attn}.kv_a_proj_with_mqa.bias", (latent + rope,), dtype)
-        kv_a_bias = torch.cat((kv_a_bias[:latent], kv_a_bias[latent:][order]))
+        kv_a_bias = concat((kv_a_bias[:latent], kv_a_bias[latent:][order]))
     kv_b = get(f"{attn}.kv_b_proj.weight", (heads * (nope + value), latent), dtype)
     kv_b = kv_b.view(heads, nope + value, latent)
     o_bias = get(f"{attn}.o_proj.bias", (h,), dtype) if c.attention_bias else None

@@ -22,6 +22,7 @@ from moespec.models.config import (
     optional,
     require,
 )
+from moespec.models.layers import concat
 from moespec.models.moe import MoEBlock
 
 LAYOUT = WeightLayout(router="router")
@@ -112,4 +113,4 @@ def _dequantized(reader, name: str, shape: tuple[int, int, int], dtype) -> torch
 def _gate_then_up(interleaved: torch.Tensor) -> torch.Tensor:
     """[E, 2I, ...] with gate and up rows interleaved -> gate rows, then up rows (a
     permutation: the kernels' fused layout, with the same values)."""
-    return torch.cat((interleaved[:, 0::2], interleaved[:, 1::2]), dim=1).contiguous()
+    return concat((interleaved[:, 0::2], interleaved[:, 1::2]), dim=1).contiguous()

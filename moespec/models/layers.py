@@ -137,6 +137,18 @@ class Rotary:
         return self.cos[start:needed], self.sin[start:needed]
 
 
+def concat(tensors, dim: int = 0) -> torch.Tensor:
+    """torch.cat for a loader; on the meta device (a converted model's skeleton,
+    moespec.models.converted) the result's shape alone, since the first torch.cat of meta
+    tensors imports the compiler stack (1.4 s measured) for a shape."""
+    tensors = list(tensors)
+    if not tensors[0].is_meta:
+        return torch.cat(tensors, dim)
+    shape = list(tensors[0].shape)
+    shape[dim] = sum(t.shape[dim] for t in tensors)
+    return torch.empty(shape, dtype=tensors[0].dtype, device="meta")
+
+
 def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
     """Rotary embedding of x [..., T, heads, D] with Rotary.tables' signed (cos, sin); with
     R < D rotary dimensions (partial rotary: GLM-4.5, MiniMax-M2, Qwen3.5) the last D - R
@@ -167,7 +179,7 @@ class Attention:
         c = self.config
         self.qk_norm_weight = None
         if c.qk_norm == "head":
-            self.qk_norm_weight = torch.cat(
+            self.qk_norm_weight = concat(
                 (
                     self.q_norm.expand(c.num_heads, c.head_dim),
                     self.k_norm.expand(c.num_kv_heads, c.head_dim),

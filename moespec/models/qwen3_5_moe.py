@@ -16,7 +16,7 @@ import torch
 from moespec.models.checkpoint import WeightLayout
 from moespec.models.config import ModelConfig, common_fields, optional, require
 from moespec.models.deltanet import GatedDeltaNet
-from moespec.models.layers import Attention
+from moespec.models.layers import Attention, concat
 
 LAYOUT = WeightLayout(shared_experts="shared_expert", shared_gate="shared_expert_gate")
 # Keys a multimodal config.json may keep beside its text_config rather than in it.
@@ -70,7 +70,7 @@ def build_attention(c: ModelConfig, reader, attn: str, dtype) -> Attention:
     kv_size = c.num_kv_heads * d
     q_and_gate = reader.get(f"{attn}.q_proj.weight", (2 * heads * d, h), dtype)
     per_head = q_and_gate.view(heads, 2 * d, h)  # rows of head n: its query, then its gate
-    qkv = torch.cat(
+    qkv = concat(
         [
             per_head[:, :d].reshape(heads * d, h),
             reader.get(f"{attn}.k_proj.weight", (kv_size, h), dtype),
