@@ -235,33 +235,16 @@ def _shards(specs, limit: int) -> list[list]:
     return shards
 
 
-def _header(specs) -> tuple[bytes, int]:
-    """A plain safetensors header (the tensors back to back, as `save_pretrained` writes
-    them, no padding entries) and the data's size."""
-    import json
-    import struct
-
-    header, offset = {}, 0
-    for name, _, shape in specs:
-        nbytes = _nbytes(shape)
-        header[name] = {
-            "dtype": "BF16",
-            "shape": list(shape),
-            "data_offsets": [offset, offset + nbytes],
-        }
-        offset += nbytes
-    header["__metadata__"] = {"format": "pt"}
-    raw = json.dumps(header, separators=(",", ":")).encode()
-    raw += b" " * (-len(raw) % 8)
-    return struct.pack("<Q", len(raw)) + raw, offset
-
-
 def _write_random_shard(path: Path, specs, seed: int, first: int) -> None:
     """Write one safetensors file, each tensor generated CHUNK_BYTES at a time (its own
     generator, seeded by its place in the checkpoint), written and dropped."""
     import os
 
-    head, size = _header(specs)
+    from moespec.models.tensorfile import header_for
+
+    # the tensors back to back, as `save_pretrained` writes them (no alignment gaps)
+    head, ranges = header_for(specs, {"format": "pt"}, align=1)
+    size = max((end for _, end in ranges.values()), default=0)
     generator = torch.Generator()
     with open(path, "wb") as f:
         f.write(head)

@@ -533,6 +533,15 @@ RESULTS = [
         ),
         3,
     ),
+    Result(  # builds a 13.8 GB random checkpoint (deleted at the end), converts and exports it
+        "full-size-olmoe-1b-7b",
+        ("full_size/olmoe-1b-7b.json",),
+        (
+            "python benchmarks/full_size.py --shape olmoe-1b-7b --threads 1,2 --rounds 3 "
+            f"--tokens 32 --out {RESULTS_DIR}/full_size/olmoe-1b-7b.json --force",
+        ),
+        25,
+    ),
 ]
 
 

@@ -201,16 +201,19 @@ def _check_entry(name: str, entry, data_bytes: int, path: Path) -> None:
         )
 
 
-def header_for(specs: Iterable[tuple[str, torch.dtype, tuple[int, ...]]], metadata=None):
+def header_for(
+    specs: Iterable[tuple[str, torch.dtype, tuple[int, ...]]], metadata=None, align: int = ALIGN
+):
     """(header bytes, {name: (start, end) in the data}) for tensors written in this order,
-    each starting on an ALIGN-byte boundary. The format wants the data without gaps, so the
-    bytes between two tensors are a tensor of their own, `PADDING`.i (uint8 zeros)."""
+    each starting on an `align`-byte boundary. The format wants the data without gaps, so the
+    bytes between two tensors are a tensor of their own, `PADDING`.i (uint8 zeros); align 1
+    writes the tensors back to back, as `save_pretrained` does."""
     header, offset, ranges = {}, 0, {}
     for name, dtype, shape in specs:
         if name in header or name.startswith(PADDING):
             raise ValueError(f"tensor {name!r} is named twice, or takes a reserved name")
-        if offset % ALIGN:
-            gap = -offset % ALIGN
+        if offset % align:
+            gap = -offset % align
             header[f"{PADDING}.{len(header)}"] = {
                 "dtype": "U8",
                 "shape": [gap],
