@@ -81,9 +81,20 @@ def test_env_prints_one_line_per_fact(capsys):
         "fp32 path",
         "int8 path",
         "threads",
+        "memory",
+        "resident",
     ]
     assert lines[0] == f"torch: {torch.__version__}"
     assert lines[1].startswith(f"cpu capability: {torch.backends.cpu.get_cpu_capability()} ")
+
+
+def test_env_with_a_model_adds_its_footprint_line(capsys):
+    from moespec.demo import demo_paths
+
+    assert main(["env", "--model", str(demo_paths()[0]), "--weights", "int8"]) == 0
+    model = [line for line in capsys.readouterr().out.splitlines() if line.startswith("model:")]
+    assert len(model) == 1 and "GB of int8 weights" in model[0]
+    assert "context that fits: 1024 of 1024" in model[0]
 
 
 def run_avx2(code: str, **env) -> str:
