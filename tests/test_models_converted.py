@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from moespec.decoding.setup import greedy_reference
+from moespec.kernels.cpu import cpu_paths
 from moespec.models import CheckpointError, load_model
 from moespec.models.converted import MANIFEST, WEIGHTS_FILE, convert, load_converted
 from moespec.models.tensorfile import SafetensorsFile, header_for, write_safetensors
@@ -58,14 +59,9 @@ def test_converted_weights_are_views_of_the_mapped_file(checkpoint_dir, tmp_path
     model, _ = load_converted(tmp_path / "c")
     mapped = model.weights_file
     layer = model.layers[0]
-    weights = (
-        model.embed,
-        model.norm,
-        layer.input_norm,
-        layer.mlp.router,
-        layer.attention.qkv,
-        layer.mlp.experts.weights(3)[1],
-    )
+    weights = [model.embed, model.norm, layer.input_norm]
+    if cpu_paths().bf16 == "native-pairs":  # elsewhere oneDNN packs the products at load
+        weights += [layer.mlp.router, layer.attention.qkv, layer.mlp.experts.weights(3)[1]]
     # a packed weight (pair layout) holds its bytes in .packed
     assert all(mapped.holds(getattr(w, "packed", w)) for w in weights)
     assert not mapped.holds(torch.zeros(4))
