@@ -45,6 +45,7 @@ class GenerateSettings:
     expert_cache_bytes: int | None = None
     offload_device: str = "auto"
     offload_fit: str | None = None
+    remember: bool = True  # seed auto from measurements remembered by earlier runs (--no-cache)
 
     def check(self) -> None:
         """Settings that are wrong whatever the model: fail before it loads."""
@@ -180,6 +181,21 @@ def generate_text(
     if on_prompt is not None:
         on_prompt(settings.prompt if len(prompt) == given else tokenizer.decode(prompt))
     make_speculation = speculation(settings, draft, model, tokenizer, prompt, kernels)
+    for note in getattr(make_speculation, "notes", []):
+        if on_note is not None:
+            on_note(f"note: {note}")
+    remembered = None
+    if make_speculation is not None and settings.remember and settings.offload is None:
+        from moespec.decoding.remembered import Remembered
+
+        remembered = Remembered.open(
+            model_dir,
+            weights=settings.weights,
+            dtype=settings.dtype,
+            threads=torch.get_num_threads(),
+            on_note=on_note,
+        )
+        make_speculation = remembering(make_speculation, remembered)
     arms = Arms(settings, model, prompt, kernels, make_speculation, on_note)
     stream = StreamingDetokenizer(tokenizer)
 
@@ -191,6 +207,9 @@ def generate_text(
     records, comparison = arms.run(show)
     if on_text is not None:
         on_text(stream.flush())
+    if remembered is not None and make_speculation.last is not None:
+        remembered.take(make_speculation.last)
+        remembered.save()
     tokens = [t for r in records for t in r.tokens]
     drafts = getattr(make_speculation, "models", {})
     models = {"target": model, **{f"draft/{name}": m for name, m in drafts.items()}}
@@ -275,6 +294,21 @@ class Kernels:
         from moespec.decoding import KernelPolicy
 
         return KernelPolicy(self.kernel, self.crossover)
+
+
+def remembering(make, remembered):
+    """`make` whose every speculation starts from the remembered measurements; `.last` is the
+    latest made (the shown run's, whose measurements are remembered after it)."""
+
+    def make_seeded():
+        made = make()
+        remembered.seed(made)
+        make_seeded.last = made
+        return made
+
+    make_seeded.last = None
+    make_seeded.__dict__.update({k: v for k, v in make.__dict__.items() if k != "last"})
+    return make_seeded
 
 
 def speculation(settings, draft, model, tokenizer, prompt, kernels):

@@ -27,3 +27,11 @@ def checkpoint_dir(tmp_path_factory):
 @pytest.fixture(params=sorted(FAMILIES))
 def family(request):
     return request.param
+
+
+@pytest.fixture(autouse=True)
+def remembered_measurements(tmp_path, monkeypatch):
+    """Each test remembers measurements in a file of its own (never the user's cache)."""
+    path = tmp_path / "measurements.json"
+    monkeypatch.setenv("MOESPEC_MEASUREMENTS", str(path))
+    return path

@@ -241,7 +241,7 @@ def test_auto_draft_with_a_model_directory_on_the_command_line(checkpoint_dir, c
     assert plain == 0
     assert result["tokens"] == json.loads(capsys.readouterr().out)["tokens"]
     drafters = {s["drafter"] for s in result["steps"] if s["phase"] == "decode"}
-    assert drafters <= {None, "lookup", "model"}
+    assert drafters <= {None, "suffix", "lookup", "model"}
 
 
 def test_generate_is_batch_invariant_by_default_and_says_so(checkpoint_dir, capsys):

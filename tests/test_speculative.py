@@ -18,6 +18,7 @@ from moespec.decoding import (
     verify,
 )
 from moespec.decoding.setup import build_drafter, greedy_reference, runner_up_tokens
+from moespec.decoding.suffix import SuffixDrafter
 from moespec.models import load_model
 
 PROMPT = [5, 17, 33, 2, 5, 17, 40, 41]
@@ -41,11 +42,13 @@ def drafters(target, draft, name, max_tokens):
     if name == "oracle":
         reference = greedy_reference(target, PROMPT, max_tokens)
         return OracleDrafter(reference, len(PROMPT), 0.6, target.config.vocab_size, seed=1)
+    if name == "suffix":
+        return SuffixDrafter()
     return PromptLookupDrafter()
 
 
 @pytest.mark.parametrize("kernel", ["slot", "dedup", "reference", "auto"])
-@pytest.mark.parametrize("name", ["model", "oracle", "lookup"])
+@pytest.mark.parametrize("name", ["model", "oracle", "lookup", "suffix"])
 def test_greedy_speculative_output_equals_plain_greedy(pair, name, kernel):
     target, draft = pair
     kernels = KernelPolicy(kernel)
@@ -329,7 +332,7 @@ def bf16_pair(checkpoint_dir):
 
 
 @pytest.mark.parametrize("kernel", ["slot", "dedup", "auto"])
-@pytest.mark.parametrize("name", ["model", "oracle", "lookup"])
+@pytest.mark.parametrize("name", ["model", "oracle", "lookup", "suffix"])
 def test_greedy_speculative_output_equals_plain_greedy_in_bf16(bf16_pair, name, kernel):
     target, draft = bf16_pair
     kernels = KernelPolicy(kernel)

@@ -7,9 +7,11 @@ or "auto": per-slot below the crossover pass size (from --crossover or --plan), 
 kernel measured faster at each pass size as decoding goes. With --draft, each step drafts k
 tokens and verifies them in one pass of k + 1: --draft-length K fixes k; "auto" takes k*(a)
 from the cost model, with the acceptance a estimated online and the step times V(k) measured
-online (or read from --plan). --draft auto (the default on the demo model) chooses per step
-among the draft model, prompt lookup and no draft, each drafter with its own acceptance and
-draft cost; a step without a draft is a plain step. Temperature 0 is greedy.
+online (or read from --plan), starting from what earlier runs measured on this machine
+(--no-cache: from nothing). --draft auto (the default on the demo model) chooses per step
+among the suffix drafter (the continuation of the longest earlier match of the text's end),
+the draft model, prompt lookup and no draft, each drafter with its own acceptance and draft
+cost; a step without a draft is a plain step. Temperature 0 is greedy.
 
 --compare-plain decodes without speculation too, in --rounds paired rounds of alternating
 order after an equal warm-up, and reports the median of the rounds' speedups with its range.
@@ -53,11 +55,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max-tokens", type=positive_int, default=128, metavar="N")
     parser.add_argument(
         "--draft",
-        metavar="auto|auto:DIR|DIR|lookup|oracle:A|none",
-        help="draft: auto chooses per step among prompt lookup, the draft model DIR of "
-        "auto:DIR, and none; or one drafter: a checkpoint sharing the tokenizer, prompt "
-        "lookup, the oracle at acceptance A; or none (default: auto with the demo draft for "
-        "the demo model, else none)",
+        metavar="auto|auto:DIR|DIR|suffix[:CORPUS]|lookup|oracle:A|none",
+        help="draft: auto chooses per step among the suffix drafter, prompt lookup, the "
+        "draft model DIR of auto:DIR, and none; or one drafter: a checkpoint sharing the "
+        "tokenizer, the suffix drafter (over the prompt, the output and the CORPUS files or "
+        "directories, separated by ':'), prompt lookup, the oracle at acceptance A; or none "
+        "(default: auto with the demo draft for the demo model, else none)",
     )
     parser.add_argument(
         "--draft-length",
@@ -84,6 +87,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=3,
         metavar="N",
         help="paired rounds of --compare-plain (default 3)",
+    )
+    parser.add_argument(
+        "--no-cache",
+        action="store_true",
+        help="neither read nor write the measurements earlier runs remembered (verify and "
+        "draft times, acceptances: kept per machine, model, weights and threads in the user "
+        "cache directory, or $MOESPEC_MEASUREMENTS)",
     )
     parser.add_argument(
         "--kernel",
@@ -236,6 +246,7 @@ def run(args: argparse.Namespace) -> int:
         expert_cache_bytes=args.expert_cache_bytes,
         offload_device=args.offload_device,
         offload_fit=args.offload_fit,
+        remember=not args.no_cache,
     )
     result = generate_text(
         settings,

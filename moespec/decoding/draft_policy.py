@@ -68,6 +68,17 @@ class RunningMedians:
             self.medians = dict(sorted({**self.medians, key: median}.items()))
             self.version += 1
 
+    def seed(self, medians: dict[int, float]) -> None:
+        """Start from remembered medians (`moespec.decoding.remembered`): each counts as one
+        sample of its key, so this run's own samples outvote it within a few steps; a seeded
+        key's first sample is counted, not dropped (the seeded median outvotes its one-time
+        costs)."""
+        for key, value in medians.items():
+            self.seen.add(key)
+            self.samples[key].append(value)
+        self.medians = dict(sorted({**self.medians, **medians}.items()))
+        self.version += 1
+
     def curve(self, keys: range, anchor: tuple[int, float] | None = None) -> list:
         """[estimate(k, anchor) for k in keys], remembered until a median changes (the
         policies of several drafters read the same verify times every step)."""
@@ -123,6 +134,19 @@ def _best_in_floats(table: list[float], acceptance: float) -> tuple[int, float]:
     gain, best_k, best = 1.0, 0, 1.0 / table[0]
     for k in range(1, len(table)):
         gain = gain * acceptance + 1
+        value = gain / table[k]
+        if value > best:
+            best_k, best = k, value
+    return best_k, best
+
+
+def _best_with_survival(table: list[float], survival: list[float]) -> tuple[int, float]:
+    """(k*, its throughput) when drafting k tokens emits 1 + S_1 + ... + S_k tokens on
+    average (a proposal's own survival, `Draft.survival`): k up to the shorter of the table
+    and the proposal, ties keeping the smaller k."""
+    gain, best_k, best = 1.0, 0, 1.0 / table[0]
+    for k in range(1, min(len(table), len(survival) + 1)):
+        gain += survival[k - 1]
         value = gain / table[k]
         if value > best:
             best_k, best = k, value
@@ -271,23 +295,30 @@ class DraftLengthPolicy:
             table.append(max(verify + draft, 1e-9))
         return table
 
-    def plan(self, limit: int | None = None) -> Plan:
+    def plan(self, limit: int | None = None, survival: list[float] | None = None) -> Plan:
         """The next step's draft length (at most `limit`) and the throughput T_a(k*) that
-        the choice among drafters compares; `choose()` is this plus `commit`."""
+        the choice among drafters compares; `choose()` is this plus `commit`.
+
+        survival: S_1..S_k of this step's proposal (`Draft.survival`), the chance that its
+        first j tokens are all accepted, where the drafter counts one; the expected tokens of
+        k drafts are then 1 + S_1 + ... + S_k instead of G_a(k), and no probe is bought (such a
+        drafter proposes every step and is scored whether it drafts or not)."""
         k_max = self.max_draft_length if limit is None else min(self.max_draft_length, limit)
         table = self.step_times()
         if self.fixed is not None:
             k = min(self.fixed, k_max) if limit is not None else self.fixed
-            return Plan(k, self._throughput(table, k))
+            return Plan(k, self._throughput(table, k, survival))
         if k_max == 0:
             return Plan(0, self._throughput(table, 0))
         if self.plan_verify_times is None and self.given_step_times is None:
             warm = self._warm_up(k_max)
             if warm is not None:
-                return Plan(warm, self._throughput(table, warm), "warm-up")
+                return Plan(warm, self._throughput(table, warm, survival), "warm-up")
         if table is None:
             return Plan(0, None)
         table = table[: k_max + 1]
+        if survival is not None:
+            return Plan(*_best_with_survival(table, survival))
         best, value = _best_in_floats(table, min(self.acceptance_estimate, 0.999))
         if best == 0:
             if self.probe_due(table):
@@ -341,9 +372,11 @@ class DraftLengthPolicy:
             self.probe_gap = self.probe_interval
             self.has_paid |= plan.draft_length >= 2
 
-    def _throughput(self, table, k: int) -> float | None:
+    def _throughput(self, table, k: int, survival: list[float] | None = None) -> float | None:
         if table is None or k >= len(table):
             return None
+        if survival is not None:
+            return (1.0 + sum(survival[:k])) / table[k]
         return float(expected_tokens(min(self.acceptance_estimate, 0.999), k)) / table[k]
 
     def _warm_up(self, k_max: int) -> int | None:

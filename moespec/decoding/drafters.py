@@ -24,6 +24,9 @@ class Draft:
     probs: torch.Tensor | None = None  # [len(tokens), V] when sampled from a distribution
     catch_up: int = 0  # context tokens the draft pass fed beyond a steady step's two
     catch_up_seconds: float = 0.0  # the time of that pass (all of the feed)
+    # S_1..S_k: the drafter's own chance that the first j tokens are all accepted, where it
+    # knows one per proposal (the suffix drafter's counts); None: its acceptance is geometric
+    survival: list[float] | None = None
 
 
 class Drafter:
@@ -62,6 +65,8 @@ class ModelDrafter(Drafter):
         self.cached: list[int] = []  # the tokens whose keys/values the cache holds
         self.offset = 0  # the context position of cached[0]
         self.next_logits: torch.Tensor | None = None  # [V] after cached[-1]
+        self.context: list[int] | None = None  # the context list of the last catch-up
+        self.agreed = 0  # its length then: cached[:agreed] == that context[offset:]
 
     def catch_up(
         self, context: list[int], evidence: bool = False, first_window: int | None = None
@@ -73,24 +78,29 @@ class ModelDrafter(Drafter):
         of it (a look at the draft that costs what it costs however long the prompt)."""
         # the cache holds context[offset:] as far as it agrees (offset > 0 after a fresh start)
         if self.offset >= len(context):  # a context that no longer reaches the window
-            self.offset, self.cached = 0, []
-        window = context[self.offset :]
-        common = 0
-        limit = min(len(self.cached), len(window))
-        while common < limit and self.cached[common] == window[common]:
+            self.offset, self.cached, self.agreed = 0, [], 0
+        offset, cached = self.offset, self.cached
+        window = len(context) - offset
+        # the same context list, grown by appending since the last catch-up, agrees with the
+        # cache on the positions that catch-up fed: compare only past them (O(new tokens),
+        # not O(generation))
+        common = min(self.agreed, len(cached), window) if context is self.context else 0
+        limit = min(len(cached), window)
+        while common < limit and cached[common] == context[offset + common]:
             common += 1
-        if common == len(window) == len(self.cached) and self.next_logits is not None:
+        if common == window == len(cached) and self.next_logits is not None:
             return 0, 0
-        common = min(common, len(window) - 1)  # the last token is fed for its logits
+        common = min(common, window - 1)  # the last token is fed for its logits
         # the first feed (the prompt) is whole unless first_window says otherwise
-        restart = self.max_catch_up if self.cached else first_window
-        if restart is not None and len(window) - common > restart:
+        restart = self.max_catch_up if cached else first_window
+        if restart is not None and window - common > restart:
             # a fresh cache on the context's last `restart` tokens
-            self.offset = len(context) - restart
-            window, common = context[self.offset :], 0
+            self.offset = offset = len(context) - restart
+            window, common = restart, 0
         self.cache.rollback(common)
-        del self.cached[common:]
-        feed = window[common:]
+        del cached[common:]
+        feed = context[offset + common :]
+        self.context, self.agreed = context, window
         kernel = "slot" if len(feed) <= 16 else "dedup"  # long feeds: the prompt
         logits = self.model(torch.tensor(feed), self.cache, kernel=kernel, all_logits=evidence)[0]
         self.cached.extend(feed)

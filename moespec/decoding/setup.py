@@ -1,6 +1,7 @@
 """Building speculation from a command-line spec: "auto" (or "auto:DIR"), a checkpoint
 directory, "oracle:A" or "lookup"; the draft-length policy from a plan or measured online."""
 
+import os
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
@@ -18,12 +19,13 @@ from moespec.decoding.generate import generate
 from moespec.decoding.kernel_policy import KernelPolicy
 from moespec.decoding.sampling import Sampler
 from moespec.decoding.speculation import Option, Speculation
+from moespec.decoding.suffix import CorpusIndex, SuffixDrafter
 from moespec.errors import SettingError, setting
 from moespec.models import Tokenizer, Transformer, load_model
 from moespec.models.compiled import capture
 from moespec.plan import Plan
 
-SPECS = "auto, auto:DIR, oracle:A, lookup, none"
+SPECS = "auto, auto:DIR, oracle:A, lookup, suffix, suffix:CORPUS, none"
 
 
 def greedy_reference(
@@ -66,6 +68,18 @@ def runner_up_tokens(
             picks += logits[0, first:].float().topk(2, dim=-1).indices.tolist()
         start = end
     return [a if a != token else b for (a, b), token in zip(picks, continuation, strict=True)]
+
+
+def suffix_corpus(spec: str, tokenizer: Tokenizer) -> CorpusIndex | None:
+    """The corpus of "suffix:PATH[:PATH...]" (files or directories) indexed, or None for
+    "suffix"; a path that cannot be indexed is a SettingError naming it."""
+    paths = [p for p in spec.partition(":")[2].split(os.pathsep) if p]
+    if not paths:
+        return None
+    try:
+        return CorpusIndex.from_files(paths, tokenizer)
+    except (OSError, ValueError) as error:
+        raise SettingError(f"{setting('draft', spec)}: {error}") from None
 
 
 def parse_oracle(spec: str) -> float:
@@ -115,6 +129,14 @@ def drafter_factory(
     vocab = target.config.vocab_size
     if spec == "lookup":
         return PromptLookupDrafter
+    if spec == "suffix" or spec.startswith("suffix:"):
+        corpus = suffix_corpus(spec, tokenizer)
+
+        def make_suffix() -> Drafter:
+            return SuffixDrafter(corpus)
+
+        make_suffix.note = corpus.note if corpus is not None else None
+        return make_suffix
     if spec.startswith("oracle"):
         acceptance = parse_oracle(spec)
         if not sampler.greedy:
@@ -160,14 +182,19 @@ def speculation_factory(
     """A function giving fresh speculation state (drafter caches, estimates, step times) per
     generation: what `--draft SPEC` decodes with.
 
-    spec: "auto" chooses per step among prompt lookup and none; "auto:DIR" adds the draft
-    model DIR; anything else is that drafter alone (`drafter_factory`, whose settings the
-    others are). plan: a plan (`moespec plan`) whose verify times give every drafter's tau(n),
-    and whose draft times give h(k) of the draft it measured (`plan.draft_dir`).
+    spec: "auto" chooses per step among the suffix drafter, prompt lookup and none;
+    "auto:DIR" adds the draft model DIR; anything else is that drafter alone
+    (`drafter_factory`, whose settings the others are). plan: a plan (`moespec plan`) whose
+    verify times give every drafter's tau(n), and whose draft times give h(k) of the draft it
+    measured (`plan.draft_dir`).
     """
     if spec == "auto" or spec.startswith("auto:"):
         model_dir = spec.partition(":")[2] or None
-        specs = {"lookup": "lookup", **({"model": model_dir} if model_dir else {})}
+        specs = {
+            "suffix": "suffix",
+            "lookup": "lookup",
+            **({"model": model_dir} if model_dir else {}),
+        }
     else:
         specs = {None: spec}
     makers = {name: drafter_factory(s, **settings) for name, s in specs.items()}
@@ -189,6 +216,7 @@ def speculation_factory(
         return Speculation(options)
 
     make.models = {name or "model": m.model for name, m in makers.items() if hasattr(m, "model")}
+    make.notes = [m.note for m in makers.values() if getattr(m, "note", None)]
     return make
 
 

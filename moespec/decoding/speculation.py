@@ -43,8 +43,10 @@ from moespec.decoding.draft_policy import (
     RunningMedians,
 )
 from moespec.decoding.drafters import Draft, Drafter, ModelDrafter, PromptLookupDrafter
+from moespec.decoding.suffix import SuffixDrafter
 
-CHEAP = (PromptLookupDrafter,)  # proposing costs microseconds: propose before choosing
+# proposing costs microseconds: propose before choosing
+CHEAP = (PromptLookupDrafter, SuffixDrafter)
 QUIET_MAX_GAP = 8  # the longest run of plain steps without a choice (see Speculation)
 WARM_UP_WAIT = 32  # choices a model drafter's warm-up waits for a cheap drafter's
 FIRST_LOOK = 16  # context tokens a greedy model drafter's first look feeds (see Speculation)
@@ -132,15 +134,16 @@ class Speculation:
         return proposal
 
     def _choose(self, context: list[int], limit: int) -> Proposal:
-        plans, shadows, seconds = {}, {}, {}
+        plans, shadows, seconds, survival = {}, {}, {}, {}
         self.choices += 1
         for name, option in self.options.items():
             policy, cap = option.policy, limit
             if isinstance(option.drafter, CHEAP):
                 ask = policy.fixed if policy.fixed is not None else policy.max_draft_length
                 start = time.perf_counter()
-                shadows[name] = option.drafter.propose(context, min(ask, limit)).tokens
+                draft = option.drafter.propose(context, min(ask, limit))
                 seconds[name] = time.perf_counter() - start
+                shadows[name], survival[name] = draft.tokens, draft.survival
                 cap = len(shadows[name])
                 if cap == 0:
                     continue  # nothing to propose: not an option this step
@@ -149,7 +152,7 @@ class Speculation:
                     continue  # not an option until it has been looked at
                 self.looked.add(name)  # the plan below reads what the first look saw
                 self._probe_for_free(option, context, first=True)
-            plans[name] = plan = policy.plan(cap)
+            plans[name] = plan = policy.plan(cap, survival.get(name))
             if plan.probe == "probe" and self._probe_for_free(option, context):
                 plans[name] = policy.plan(cap)  # decide again on the new evidence
             elif (
@@ -240,6 +243,7 @@ class Speculation:
         drafted = len(proposal.draft.tokens)
         self.verify_times.add(drafted + 1, verify_seconds)
         for name, option in self.options.items():
+            learn = getattr(option.drafter, "learn", None)  # drafters that learn from outcomes
             if name == proposal.drafter:
                 option.policy.observe_draft(
                     drafted,
@@ -248,6 +252,8 @@ class Speculation:
                     catch_up=proposal.draft.catch_up,
                     catch_up_seconds=proposal.draft.catch_up_seconds,
                 )
+                if learn is not None:
+                    learn(accepted, 1 if accepted < drafted else 0)
                 continue
             if proposal.drafter is None:  # probes look for gains where nothing drafts
                 option.policy.observe_idle()
@@ -258,6 +264,8 @@ class Speculation:
                     agreed += 1
                 failed = 1 if agreed < min(len(shadow), len(emitted)) else 0
                 option.policy.observe_agreement(agreed, failed)
+                if learn is not None:
+                    learn(agreed, failed)
 
     def estimate_for(self, name: str | None) -> float | None:
         """The acceptance estimate of drafter `name`; of the only one when None."""

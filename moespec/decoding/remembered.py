@@ -1,0 +1,200 @@
+"""Measurements remembered between runs, so that `--draft auto` starts on the right choice.
+
+A run measures the target's verify times tau(n), each drafter's draft times h(k) and its
+acceptance; without memory every run measures them again from nothing, and on a model whose
+step takes a quarter of a millisecond the warm-up and the probes are a visible share of a short
+generation. They are kept in one small JSON file (`path()`: the user's cache directory, or
+$MOESPEC_MEASUREMENTS), one entry per model, weights, threads and engine, under the machine
+that measured them. Read at the start of a generation they seed the running medians and the
+acceptance priors, so the first steps plan as the last run ended; written (atomically) at its
+end with what this run measured.
+
+What invalidates an entry: another engine (moespec's version and the native sources' digest:
+a change of kernel changes the times), another model (its config and weight files' sizes),
+weights kind, dtype or thread count (another key). A file that is corrupt, of another layout
+version, or written on another machine (CPU model and cores) is ignored with one warning line
+and rebuilt. Remembered acceptances are kept at the weight of at most PRIOR_WEIGHT
+observations: a new prompt's text moves them within a few steps.
+"""
+
+import hashlib
+import json
+import os
+from pathlib import Path
+
+from moespec.files import write_json
+
+LAYOUT = 1  # the file's layout version
+PRIOR_WEIGHT = 8.0  # observations a remembered acceptance weighs at most in a new run
+ENTRIES = 64  # entries kept at most (the most recently written)
+
+
+def path() -> Path | None:
+    """The file: $MOESPEC_MEASUREMENTS ("off": none), else measurements.json in the user's
+    cache directory ($MOESPEC_CACHE, $XDG_CACHE_HOME/moespec or ~/.cache/moespec)."""
+    setting = os.environ.get("MOESPEC_MEASUREMENTS")
+    if setting:
+        return None if setting.strip().lower() in ("off", "0", "no") else Path(setting)
+    from moespec.kernels.native import cache_dir
+
+    return cache_dir() / "measurements.json"
+
+
+def machine() -> dict:
+    from moespec.kernels.isa import this_cpu
+    from moespec.provenance import cpu_model
+
+    return {"cpu": cpu_model(), "cores": os.cpu_count(), "family": this_cpu()[2]}
+
+
+def engine() -> str:
+    """moespec's version and the digest of the native pass's sources."""
+    import moespec
+    from moespec.kernels.native import SOURCES
+
+    digest = hashlib.sha256()
+    for source in SOURCES:
+        digest.update(source.read_bytes())
+    return f"{moespec.__version__}+{digest.hexdigest()[:12]}"
+
+
+def model_identity(model_dir) -> str:
+    """The model's config and the sizes of its weight files, digested."""
+    directory = Path(model_dir)
+    digest = hashlib.sha256()
+    config = directory / "config.json"
+    if config.exists():
+        digest.update(config.read_bytes())
+    for weights in sorted(directory.glob("*.safetensors")):
+        digest.update(f"{weights.name}:{weights.stat().st_size}".encode())
+    return digest.hexdigest()[:16]
+
+
+class Remembered:
+    """The remembered measurements of one (model, weights, dtype, threads, engine) on this
+    machine: `seed(speculation)` before a generation, `take(speculation)` and `save()` after."""
+
+    def __init__(self, file: Path | None, key: str, on_note=None):
+        self.file, self.key, self.on_note = file, key, on_note
+        self.entries: dict = {}
+        self.entry: dict = {}
+        self.machine = machine()
+        if file is not None:
+            self.entries = self._read(file)
+            self.entry = self.entries.get(key, {})
+
+    @classmethod
+    def open(cls, model_dir, *, weights: str | None, dtype: str, threads: int, on_note=None):
+        """The entry of this model and settings (empty when none is remembered); reading
+        $MOESPEC_MEASUREMENTS or the cache directory's file."""
+        key = "|".join(
+            [model_identity(model_dir), str(weights or dtype), dtype, f"t{threads}", engine()]
+        )
+        return cls(path(), key, on_note)
+
+    def _warn(self, line: str) -> None:
+        if self.on_note is not None:
+            self.on_note(f"warning: {line}")
+
+    def _read(self, file: Path) -> dict:
+        if not file.exists():
+            return {}
+        try:
+            data = json.loads(file.read_text())
+            if not isinstance(data, dict) or not isinstance(data.get("entries"), dict):
+                raise ValueError("not a measurements file")
+        except (OSError, ValueError) as error:
+            self._warn(f"{file}: remembered measurements unreadable ({error}); rebuilding them")
+            return {}
+        if data.get("layout") != LAYOUT:
+            self._warn(
+                f"{file}: remembered measurements of layout {data.get('layout')!r}, "
+                f"not {LAYOUT}; rebuilding them"
+            )
+            return {}
+        if data.get("machine") != self.machine:
+            self._warn(f"{file}: remembered measurements of another machine; rebuilding them")
+            return {}
+        return data["entries"]
+
+    # -------------------------------------------------------------- into a generation
+    def seed(self, speculation) -> None:
+        """Put the remembered tau(n), h(k) and acceptances into fresh speculation state."""
+        if not self.entry:
+            return
+        verify = _floats(self.entry.get("verify"))
+        if verify:
+            speculation.verify_times.seed(verify)
+        for name, option in speculation.options.items():
+            kept = self.entry.get("drafters", {}).get(name)
+            if not isinstance(kept, dict):
+                continue
+            policy = option.policy
+            if draft := _floats(kept.get("draft")):
+                policy.draft_times.seed(draft)
+            prior = kept.get("acceptance")
+            if _pair(prior) and policy.fixed is None:
+                policy.accepted, policy.rejected = prior
+            levels = kept.get("levels")
+            prior_of = getattr(option.drafter, "prior", None)
+            if prior_of is not None and isinstance(levels, list):
+                prior_of.restore(levels)
+
+    # -------------------------------------------------------------- out of one
+    def take(self, speculation) -> None:
+        """This generation's measurements into the entry (what it did not measure is kept)."""
+        entry = self.entry
+        verify = dict(entry.get("verify") or {})
+        verify.update({str(n): s for n, s in speculation.verify_times.known().items()})
+        entry["verify"] = verify
+        drafters = entry.setdefault("drafters", {})
+        for name, option in speculation.options.items():
+            kept = drafters.setdefault(name, {})
+            policy = option.policy
+            draft = dict(kept.get("draft") or {})
+            draft.update({str(k): s for k, s in policy.draft_times.known().items()})
+            kept["draft"] = draft
+            a, b = policy.accepted, policy.rejected
+            scale = min(1.0, PRIOR_WEIGHT / (a + b)) if a + b > 0 else 1.0
+            kept["acceptance"] = [a * scale, b * scale]
+            if (prior := getattr(option.drafter, "prior", None)) is not None:
+                kept["levels"] = prior.remember(PRIOR_WEIGHT)
+        self.entry = entry
+
+    def save(self) -> None:
+        """Write the file atomically (at most ENTRIES entries, this one newest)."""
+        if self.file is None or not self.entry:
+            return
+        entries = {k: v for k, v in self.entries.items() if k != self.key}
+        entries[self.key] = self.entry
+        entries = dict(list(entries.items())[-ENTRIES:])
+        data = {"layout": LAYOUT, "machine": self.machine, "entries": entries}
+        try:
+            self.file.parent.mkdir(parents=True, exist_ok=True)
+            write_json(self.file, data, force=True)
+        except OSError as error:
+            self._warn(f"{self.file}: could not remember this run's measurements ({error})")
+
+
+def _floats(table) -> dict[int, float]:
+    """{int key: positive float} of a JSON object, nothing that is not one."""
+    if not isinstance(table, dict):
+        return {}
+    out = {}
+    for key, value in table.items():
+        try:
+            k = int(key)
+        except ValueError:
+            continue
+        if isinstance(value, (int, float)) and value > 0 and k >= 0:
+            out[k] = float(value)
+    return out
+
+
+def _pair(value) -> bool:
+    return (
+        isinstance(value, list)
+        and len(value) == 2
+        and all(isinstance(v, (int, float)) and v >= 0 for v in value)
+        and sum(value) > 0
+    )

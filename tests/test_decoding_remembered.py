@@ -1,0 +1,93 @@
+"""Measurements remembered between runs: written after a generation, seeding the next one's
+verify times, draft times and acceptances; ignored (one warning) when corrupt, of another
+layout or machine; keyed by engine; not touched with --no-cache."""
+
+import json
+
+import pytest
+
+from moespec.cli import main
+from moespec.decoding import remembered
+from moespec.decoding.remembered import LAYOUT, Remembered
+from moespec.decoding.setup import speculation_factory
+from moespec.demo import demo_paths
+from moespec.session import GenerateSettings, generate_text
+
+
+def run(notes=None, **settings):
+    settings = {"prompt": "import os\nimport sys\nimport os\n", "max_tokens": 24, **settings}
+    notes = [] if notes is None else notes
+    return generate_text(GenerateSettings(**settings), on_note=notes.append)
+
+
+def open_entry():
+    target = demo_paths()[0]
+    return Remembered.open(target, weights=None, dtype="bf16", threads=_threads())
+
+
+def _threads():
+    import torch
+
+    return torch.get_num_threads()
+
+
+def test_a_run_remembers_and_the_next_starts_from_it(remembered_measurements):
+    run()
+    data = json.loads(remembered_measurements.read_text())
+    assert data["layout"] == LAYOUT and data["machine"] == remembered.machine()
+    (entry,) = data["entries"].values()
+    assert {"1"} <= set(entry["verify"]) and "suffix" in entry["drafters"]
+    # a fresh speculation seeded from it knows tau(n) before any step
+    from moespec.decoding import Sampler
+    from moespec.models import load_model
+
+    model, tokenizer = load_model(demo_paths()[0])
+    make = speculation_factory(
+        "auto",
+        target=model,
+        tokenizer=tokenizer,
+        sampler=Sampler(),
+        prompt=[1],
+        max_tokens=8,
+        dtype="bf16",
+    )
+    fresh = make()
+    assert fresh.verify_times.known() == {}
+    open_entry().seed(fresh)
+    assert fresh.verify_times.known() == {int(n): s for n, s in entry["verify"].items()}
+    suffix = fresh.options["suffix"]
+    assert [suffix.policy.accepted, suffix.policy.rejected] == pytest.approx(
+        entry["drafters"]["suffix"]["acceptance"]
+    )
+
+
+@pytest.mark.parametrize(
+    ("content", "why"),
+    [
+        ("{not json", "unreadable"),
+        (json.dumps({"layout": LAYOUT + 1, "entries": {}}), "layout"),
+        (json.dumps({"layout": LAYOUT, "machine": {"cpu": "elsewhere"}, "entries": {}}), "machine"),
+    ],
+)
+def test_a_bad_file_is_ignored_with_one_warning_and_rebuilt(remembered_measurements, content, why):
+    remembered_measurements.write_text(content)
+    notes = []
+    run(notes)
+    warnings = [n for n in notes if n.startswith("warning:")]
+    assert len(warnings) == 1 and why in warnings[0]
+    assert json.loads(remembered_measurements.read_text())["layout"] == LAYOUT
+
+
+def test_no_cache_neither_reads_nor_writes(remembered_measurements, capsys):
+    remembered_measurements.write_text("{corrupt")
+    assert main(["generate", "import os", "--max-tokens", "8", "--no-cache"]) == 0
+    assert "warning" not in capsys.readouterr().err
+    assert remembered_measurements.read_text() == "{corrupt"
+
+
+def test_another_engine_is_another_entry(monkeypatch, tmp_path):
+    before = open_entry().key
+    source = tmp_path / "step.c"
+    source.write_text("/* another engine */")
+    monkeypatch.setattr("moespec.kernels.native.SOURCES", (source,))
+    assert open_entry().key != before
