@@ -4,11 +4,17 @@ prompt by prompt, and does `--draft auto` find the best choice without losing wh
     python benchmarks/real_draft_eval.py --out benchmarks/results/real_draft_demo.json \\
         --plot benchmarks/results/real_draft_demo.png
 
-Prompts are windows of the demo corpus's held-out files (a seeded offset into each file). Per
-prompt, greedy, every arm decodes the same number of tokens from fresh state: plain; the draft
-model at each fixed k = 1..8; prompt lookup at fixed k; `auto` (per step among the draft model,
-lookup and none, as `moespec generate --draft auto:DIR`); and plain again (`plain-b`, whose
-ratio to plain is the noise floor). Arms run in a seeded random order within each round, one
+Prompts are windows of the demo corpus's held-out files (a seeded offset into each file), and
+with `--quoting N` also N prompts that quote themselves: a held-out window, a blank line, and
+the window's first quarter again (code edited or repeated from the prompt), where the suffix
+drafter should pay most. Per prompt, greedy, every arm decodes the same number of tokens from
+fresh state: plain; the draft model at each fixed k = 1..8; prompt lookup and the suffix drafter
+at fixed k; the suffix drafter alone with its length from its counts (`suffix`); `auto` (per
+step among the suffix drafter, the draft model, lookup and none, as `moespec generate --draft
+auto:DIR` runs it: starting from the measurements its earlier runs remembered, here those of the
+previous auto runs of this benchmark, as `moespec generate` remembers them between runs);
+`auto-cold` (the same from nothing, `--no-cache`); and plain again (`plain-b`, whose ratio to
+plain is the noise floor). Arms run in a seeded random order within each round, one
 round per repeat, all in one process; every ratio is paired within a round (arm / plain of the
 same prompt and round) and summarised by its median over rounds. Results are written after every
 round, so an interrupted run keeps the rounds it finished.
@@ -26,15 +32,18 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from moespec.decoding import DraftLengthPolicy, KernelPolicy, generate, summarize  # noqa: E402
 from moespec.decoding.drafters import ModelDrafter, PromptLookupDrafter  # noqa: E402
+from moespec.decoding.remembered import Remembered  # noqa: E402
 from moespec.decoding.sampling import Sampler  # noqa: E402
 from moespec.decoding.setup import speculation_factory  # noqa: E402
+from moespec.decoding.suffix import SuffixDrafter  # noqa: E402
 from moespec.demo import demo_paths, describe  # noqa: E402
 from moespec.demo.corpus import held_out_documents  # noqa: E402
 from moespec.files import check_writable, write_json  # noqa: E402
 from moespec.models import load_model  # noqa: E402
 from moespec.provenance import provenance  # noqa: E402
 
-LOOKUP_LENGTHS = (2, 4, 8)
+LOOKUP_LENGTHS = (2, 4, 8)  # the fixed lengths of lookup and the suffix drafter
+AUTO_ARMS = ("auto", "auto-cold", "suffix")  # arms that choose for themselves
 WITHIN = 0.95  # "within 5% of the best fixed choice"
 NEVER_LOSES = 0.97  # auto's floor against plain where no fixed choice beats plain
 
@@ -55,6 +64,18 @@ def prompts_from_held_out(tokenizer, count: int, length: int, seed: int) -> list
         if len(prompts) == count:
             return prompts
     raise ValueError(f"only {len(prompts)} held-out files have {2 * length} tokens")
+
+
+def quoting_prompts(tokenizer, count: int, length: int, seed: int) -> list[dict]:
+    """`count` prompts that quote themselves: a held-out window of `length` tokens, a blank
+    line, then the window's first quarter again (other files than `prompts_from_held_out`'s
+    first ones: seeded differently)."""
+    blank = tokenizer.encode("\n\n")
+    out = []
+    for p in prompts_from_held_out(tokenizer, count, length, seed + 1):
+        ids = p["ids"] + blank + p["ids"][: length // 4]
+        out.append({**p, "source": f"quote:{p['source']}", "ids": ids})
+    return out
 
 
 def make_arms(target, draft_model, draft_dir, tokenizer):
@@ -84,25 +105,40 @@ def make_arms(target, draft_model, draft_dir, tokenizer):
             p, n, PromptLookupDrafter(), DraftLengthPolicy(k)
         )
 
-    def auto(prompt, n):
-        make = speculation_factory(
-            f"auto:{draft_dir}",
-            target=target,
-            tokenizer=tokenizer,
-            sampler=Sampler(),
-            prompt=prompt,
-            max_tokens=n,
-            dtype="bf16",
-        )
-        return run(prompt, n, make())
+    for k in LOOKUP_LENGTHS:
+        arms[f"suffix:{k}"] = lambda p, n, k=k: run(p, n, SuffixDrafter(), DraftLengthPolicy(k))
+    memory = Remembered(None, "benchmark")  # in memory: what generate keeps in its file
 
-    arms["auto"] = auto
+    def speculating(spec, remember):
+        def arm(prompt, n):
+            make = speculation_factory(
+                spec,
+                target=target,
+                tokenizer=tokenizer,
+                sampler=Sampler(),
+                prompt=prompt,
+                max_tokens=n,
+                dtype="bf16",
+            )
+            speculation = make()
+            if remember:
+                memory.seed(speculation)
+            records = run(prompt, n, speculation)
+            if remember:
+                memory.take(speculation)
+            return records
+
+        return arm
+
+    arms["suffix"] = speculating("suffix", remember=False)
+    arms["auto"] = speculating(f"auto:{draft_dir}", remember=True)
+    arms["auto-cold"] = speculating(f"auto:{draft_dir}", remember=False)
     return arms
 
 
 def summarise(prompts, arms, rounds) -> dict:
     """Paired ratios per prompt and the scores of the issue (see the module docstring)."""
-    fixed = [a for a in arms if a not in ("auto", "plain-b")]
+    fixed = [a for a in arms if a not in (*AUTO_ARMS, "plain-b")]
     per_prompt = []
     for i, prompt in enumerate(prompts):
         runs = [r[i] for r in rounds]
@@ -129,9 +165,16 @@ def summarise(prompts, arms, rounds) -> dict:
     no_gain = [p for p in per_prompt if p["best_fixed"] == "plain"]
     auto = [p["speedup"]["auto"] for p in per_prompt]
     noise = [p["speedup"]["plain-b"] for p in per_prompt]
+    quoting = [p for p in per_prompt if p["source"].startswith("quote:")]
     return {
         "prompts": per_prompt,
         "scores": {
+            "auto_at_least_0.97x_plain_everywhere": all(a >= NEVER_LOSES for a in auto),
+            "auto_cold_median_speedup": statistics.median(
+                p["speedup"]["auto-cold"] for p in per_prompt
+            ),
+            "suffix_on_quoting_prompts": sorted(p["speedup"]["suffix"] for p in quoting),
+            "auto_on_quoting_prompts": sorted(p["speedup"]["auto"] for p in quoting),
             "auto_within_5pct_of_best_fixed": sum(
                 p["auto_over_best_fixed"] >= WITHIN for p in per_prompt
             )
@@ -162,7 +205,7 @@ def plot(result: dict, path: Path) -> None:
     prompts = sorted(result["prompts"], key=lambda p: p["speedup"][p["best_fixed"]])
     x = range(len(prompts))
     fig, (left, right) = plt.subplots(1, 2, figsize=(12, 4.5), gridspec_kw={"width_ratios": [3, 1]})
-    for arm, style in (("model:", "tab:blue"), ("lookup:", "tab:green")):
+    for arm, style in (("model:", "tab:blue"), ("lookup:", "tab:green"), ("suffix:", "tab:orange")):
         for i, p in enumerate(prompts):
             values = [v for a, v in p["speedup"].items() if a.startswith(arm)]
             left.scatter([i] * len(values), values, s=8, color=style, alpha=0.35)
@@ -173,6 +216,7 @@ def plot(result: dict, path: Path) -> None:
     left.axhline(1.0, color="0.4", lw=0.8)
     left.scatter([], [], s=8, color="tab:blue", label="draft model, k = 1..8")
     left.scatter([], [], s=8, color="tab:green", label="lookup, fixed k")
+    left.scatter([], [], s=8, color="tab:orange", label="suffix, fixed k")
     left.set_xlabel("prompt (sorted by the best fixed choice's speedup)")
     left.set_ylabel("tokens/s over plain (median of paired rounds)")
     left.legend(fontsize=8)
@@ -190,6 +234,7 @@ def main(argv=None) -> int:
     parser.add_argument("--model", help="target checkpoint (default: the demo target)")
     parser.add_argument("--draft", help="draft checkpoint (default: the demo draft)")
     parser.add_argument("--prompts", type=int, default=24)
+    parser.add_argument("--quoting", type=int, default=0, help="prompts that quote themselves")
     parser.add_argument("--prompt-tokens", type=int, default=64)
     parser.add_argument("--tokens", type=int, default=256)
     parser.add_argument("--repeats", type=int, default=3)
@@ -210,6 +255,8 @@ def main(argv=None) -> int:
     target.batch_invariant = args.batch_invariant == "on"
     draft, _ = load_model(draft_dir, dtype="bf16")
     prompts = prompts_from_held_out(tokenizer, args.prompts, args.prompt_tokens, args.seed)
+    if args.quoting:
+        prompts += quoting_prompts(tokenizer, args.quoting, args.prompt_tokens, args.seed)
     arms = make_arms(target, draft, draft_dir, tokenizer)
     for run in arms.values():  # the same warm-up for every arm
         run(prompts[0]["ids"], 16)
@@ -225,6 +272,8 @@ def main(argv=None) -> int:
         "batch_invariant": args.batch_invariant,
         "arms": list(arms),
         "seed": args.seed,
+        "quoting_prompts": args.quoting,
+        "threads": torch.get_num_threads(),
     }
     started = time.time()
     for repeat in range(args.repeats):
@@ -240,7 +289,7 @@ def main(argv=None) -> int:
                     "tokens": [t for r in records for t in r.tokens],
                     "drafters": {
                         str(name): sum(r.drafter == name for r in records[1:])
-                        for name in ("model", "lookup", None)
+                        for name in ("suffix", "model", "lookup", None)
                     },
                 }
             plain_tokens = runs["plain"]["tokens"]

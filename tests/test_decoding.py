@@ -123,6 +123,26 @@ def test_streamed_text_never_splits_a_character(tmp_path):
     assert not any("\ufffd" in p for p in pieces)
 
 
+def test_streaming_detokenizer_decodes_a_window_not_the_whole_sequence():
+    """Each add decodes a window of the newest ids: its cost does not grow with the
+    generation (a whole decode would take all 1,000-odd ids), and the pieces are still the
+    whole decode."""
+    from moespec.demo import demo_paths
+
+    tokenizer = Tokenizer(demo_paths()[0] / "tokenizer.json")
+    ids = tokenizer.encode('def f(x):\n    """Return x, "naïve" — 東京."""\n    return x\n' * 40)
+    decoded = []
+    decode = tokenizer.decode
+    tokenizer.decode = lambda window: decoded.append(len(window)) or decode(window)
+    stream = StreamingDetokenizer(tokenizer)
+    pieces = []
+    for i in range(0, len(ids), 3):
+        pieces.append(stream.add(ids[i : i + 3]))
+    assert len(ids) > 1000 and max(decoded) <= 24
+    pieces.append(stream.flush())
+    assert "".join(pieces) == decode(ids)
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.float64, torch.bfloat16])
 def test_greedy_tokens_are_torch_argmax_with_ties_nans_and_infinities(dtype):
     from moespec.decoding.sampling import greedy_tokens

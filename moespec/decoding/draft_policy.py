@@ -318,7 +318,12 @@ class DraftLengthPolicy:
             return Plan(0, None)
         table = table[: k_max + 1]
         if survival is not None:
-            return Plan(*_best_with_survival(table, survival))
+            # no longer than one token past the longest pass measured: a pass size not yet
+            # measured is extrapolated from those that were, which a long draft on a likely
+            # match would otherwise trust (each step can go one further)
+            online = self.plan_verify_times is None and self.given_step_times is None
+            measured = max(self.verify_times.known(), default=1) if online else len(table)
+            return Plan(*_best_with_survival(table[: measured + 1], survival))
         best, value = _best_in_floats(table, min(self.acceptance_estimate, 0.999))
         if best == 0:
             if self.probe_due(table):

@@ -32,7 +32,10 @@ Evidence comes as cheaply as it can:
   draft's bytes per token over the target's), the look is priced as a hopeless probe.
 """
 
+import math
+import statistics
 import time
+from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -47,7 +50,9 @@ from moespec.decoding.suffix import SuffixDrafter
 
 # proposing costs microseconds: propose before choosing
 CHEAP = (PromptLookupDrafter, SuffixDrafter)
-QUIET_MAX_GAP = 8  # the longest run of plain steps without a choice (see Speculation)
+QUIET_MAX_GAP = 8  # the longest run of plain steps without a choice, at least (see Speculation)
+QUIET_LONGEST = 64  # ... and at most, whatever a choice costs
+CHOICE_BUDGET = 0.01  # the share of a plain streak's time its choices may cost
 WARM_UP_WAIT = 32  # choices a model drafter's warm-up waits for a cheap drafter's
 FIRST_LOOK = 16  # context tokens a greedy model drafter's first look feeds (see Speculation)
 
@@ -89,6 +94,13 @@ class Speculation:
         # and choosing (lookup's proposal, every option's plan) 0.08 ms, plus the cache it
         # disturbs: 0.1 ms more on the target pass after it (benchmarks/real_draft_eval.py).
         self.quiet, self.quiet_gap = 0, 1
+        # The longest gap grows past QUIET_MAX_GAP where a choice costs more than
+        # CHOICE_BUDGET of the plain steps between two: with the suffix drafter indexing the
+        # steps it missed, a choice cost 0.12 ms on the demo target (its steps 0.5 ms), so
+        # eight steps apart choosing alone took 3% of plain decoding. The cost is the median
+        # of the last few choices that chose no draft.
+        self.choice_costs: deque[float] = deque(maxlen=15)
+        self.longest_gap = QUIET_MAX_GAP
         # A plain step of a streak that skips the choice: one shared proposal, which `observe`
         # counts as an idle step and nothing more (its verify time is not recorded: tau(1)
         # comes from the streak's chosen steps, at least one in QUIET_MAX_GAP). At 0.25 ms a
@@ -128,10 +140,23 @@ class Speculation:
             self.quiet += 1
             return self.unchosen
         self.quiet = 0
+        start = time.perf_counter()
         proposal = self._choose(context, limit)
         plain = proposal.drafter is None
-        self.quiet_gap = min(2 * self.quiet_gap, QUIET_MAX_GAP) if plain else 1
+        if plain:
+            self._cost_of_choosing(time.perf_counter() - start)
+        self.quiet_gap = min(2 * self.quiet_gap, self.longest_gap) if plain else 1
         return proposal
+
+    def _cost_of_choosing(self, seconds: float) -> None:
+        """Set the longest quiet gap from what a plain choice costs (see __init__)."""
+        self.choice_costs.append(seconds)
+        plain_step = self.verify_times.estimate(1)
+        if not plain_step or len(self.choice_costs) < 3:
+            return
+        cost = statistics.median(self.choice_costs)
+        gap = math.ceil(cost / (CHOICE_BUDGET * plain_step))
+        self.longest_gap = min(max(gap, QUIET_MAX_GAP), QUIET_LONGEST)
 
     def _choose(self, context: list[int], limit: int) -> Proposal:
         plans, shadows, seconds, survival = {}, {}, {}, {}
