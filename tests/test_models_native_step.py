@@ -264,3 +264,55 @@ def test_a_cache_whose_inner_layers_moved_is_written_where_they_are_now(checkpoi
     assert torch.equal(moved, expected)
     for t, before in zip((cache.keys[1], cache.values[1]), written, strict=True):
         assert torch.equal(t[:, :, len(prompt) : cache.length], before)
+
+
+def _families():
+    """The CPU families whose native loops this host runs: its own, and AVX2 where it has FMA."""
+    families = [this_cpu()[2]]
+    if (
+        families[0] != "avx2"
+        and "fma" in cpu_flags()
+        and nat.native().has("moespec_bf16_pairs_avx2")
+    ):
+        families.append("avx2")
+    return families
+
+
+@pytest.mark.parametrize("family", ["this", "avx2"])
+@pytest.mark.parametrize("shape", [(4, 2, 64, 64), (6, 3, 40, 24), (8, 1, 128, 128)])
+def test_the_rows_attention_gives_each_row_its_one_row_bits(family, shape):
+    # one call over a pass's rows, each query row over itself and the rows before it: the bits
+    # of the one-row attention over exactly those positions (heads of a key head and rows
+    # share a sweep; ragged head dims take the scalar ends)
+    family = this_cpu()[2] if family == "this" else family
+    if family not in _families() or nat.ATTENTION.get(family) is None:
+        pytest.skip(f"no native {family} attention here")
+    heads, kv, dim, dv = shape
+    g = torch.Generator().manual_seed(sum(shape))
+    rows, length = 9, 40
+    keys = torch.randn(1, kv, length, dim, generator=g).to(torch.bfloat16)
+    values = torch.randn(1, kv, length, dv, generator=g).to(torch.bfloat16)
+    q = torch.randn(rows, heads, dim, generator=g).to(torch.bfloat16)
+    together = nat.attend_rows(q, keys, values, dim**-0.5, family=family)
+    one = getattr(nat.native().lib, nat.ATTENTION[family])
+    for t in range(rows):
+        seen = length - rows + 1 + t
+        out = torch.empty(heads * dv, dtype=torch.bfloat16)
+        k, v = keys[:, :, :seen], values[:, :, :seen]
+        args = (heads, heads // kv, seen, dim, dv, k.stride(1), k.stride(2), v.stride(1))
+        assert (
+            one(
+                q[t].contiguous().data_ptr(),
+                k.data_ptr(),
+                v.data_ptr(),
+                out.data_ptr(),
+                *args,
+                v.stride(2),
+                dim**-0.5,
+                1,
+            )
+            == 0
+        )
+        assert torch.equal(together[t], out), t
+    for threads in (1, 2):  # the threads split key heads, never a query's sums
+        assert torch.equal(nat.attend_rows(q, keys, values, dim**-0.5, family, threads), together)

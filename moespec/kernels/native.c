@@ -743,30 +743,40 @@ V2_TARGET int moespec_int8_pairs_avx2(const int8_t *P, const uint16_t *scales, c
 }
 
 /* ---------------------------------------------------------------- decode attention
- * One query row over L cached positions: out[h] = softmax(scale q[h] . K[h / G]^T) V[h / G]
- * for H query heads, G of them per key head. q bf16 [H, D]; K, V bf16, position l of key head
- * c at k + c * k_head + l * k_row (D contiguous values), likewise V (Dv values); out bf16
- * [H, Dv]. Scores, softmax and the weighted sum of V in fp32, in position order; each output
- * rounded once. The query heads of a key head are taken up to ATT_HEADS at a time, so each
- * key and value vector is widened once for all of them. A head's arithmetic is the same
- * whichever heads share its sweep, so its bits do not depend on H, G or the threads. Work
- * items (a key head's sweeps) are split over the threads where the work is large enough.
- * Returns 1 without memory. */
-#define ATT_HEADS 4
-#define ATTEND(NAME, TARGET, VEC, LANES, ZERO, LOADW, LOADF, FMA, HSUM, SET1, STOREU)         \
-    TARGET INLINE void NAME##_sweep(const uint16_t *q, const uint16_t *k, const uint16_t *v,  \
-                                    uint16_t *out, int64_t L, int64_t D, int64_t Dv,          \
-                                    int64_t k_row, int64_t v_row, float scale, float *qf,     \
-                                    float *s, const int NG) {                                \
-        int64_t DP = (D + LANES - 1) / LANES * LANES;                                        \
-        for (int g = 0; g < NG; g++)                                                         \
+ * Query rows over the cached positions: out[h] = softmax(scale q[h] . K[h / G]^T) V[h / G] for
+ * H query heads, G of them per key head. q bf16 [H, D] per row; K, V bf16, position l of key
+ * head c at k + c * k_head + l * k_row (D contiguous values), likewise V (Dv values); out bf16
+ * [H, Dv] per row. Scores, softmax and the weighted sum of V in fp32, in position order; each
+ * output rounded once. A sweep takes up to QMAX queries of one key head (the heads of a key
+ * head, and of a pass's rows, `_rows`), so each key and value vector is read and widened once
+ * for all of them; a query's arithmetic is the same whichever queries share its sweep (its
+ * own length bounds its max, exponentials and sums: the scores past it are computed and left
+ * unread), so its bits do not depend on H, G, the rows of the pass or the threads. Work items
+ * (a key head's sweeps) are split over the threads where the work is large enough. Returns 1
+ * without memory.
+ *
+ * A verification pass of 9 rows used to call the one-row attention per row (one read of the
+ * keys and values, and a malloc, per row and sweep of 4 heads); the rows' sweep reads them once
+ * per 8 queries (AVX-512; 4 on AVX2, whose 16 registers hold 4 queries' sums) and keeps its
+ * scores on the stack up to ATT_STACK floats. */
+#define ATT_STACK 4096
+#define ATTEND(NAME, TARGET, VEC, LANES, QMAX, ZERO, LOADW, LOADF, FMA, HSUM, SET1, STOREU)   \
+    TARGET INLINE void NAME##_sweep(const uint16_t *const *q, uint16_t *const *out,            \
+                                    const int64_t *Ls, const uint16_t *k, const uint16_t *v,  \
+                                    int64_t L, int64_t D, int64_t Dv, int64_t k_row,          \
+                                    int64_t v_row, float scale, float *qf, float *s,          \
+                                    const int NG) {                                          \
+        int64_t DP = (D + LANES - 1) / LANES * LANES, lo = L; /* L: the longest query's */    \
+        for (int g = 0; g < NG; g++) {                                                       \
+            lo = Ls[g] < lo ? Ls[g] : lo;                                                    \
             for (int64_t d = 0; d < DP; d++)                                                 \
-                qf[g * DP + d] = d < D ? from_bf16(q[g * D + d]) : 0.0f;                     \
-        float m[ATT_HEADS], total[ATT_HEADS];                                                \
+                qf[g * DP + d] = d < D ? from_bf16(q[g][d]) : 0.0f;                          \
+        }                                                                                    \
+        float m[QMAX], total[QMAX];                                                          \
         for (int g = 0; g < NG; g++) m[g] = -INFINITY, total[g] = 0.0f;                      \
         for (int64_t l = 0; l < L; l++) {                                                    \
             const uint16_t *kr = k + l * k_row;                                              \
-            VEC acc[ATT_HEADS];                                                              \
+            VEC acc[QMAX];                                                                   \
             for (int g = 0; g < NG; g++) acc[g] = ZERO;                                      \
             int64_t d = 0;                                                                   \
             for (; d + LANES <= D; d += LANES) {                                             \
@@ -776,21 +786,25 @@ V2_TARGET int moespec_int8_pairs_avx2(const int8_t *P, const uint16_t *scales, c
             for (int g = 0; g < NG; g++) {                                                   \
                 float tail = 0.0f;                                                           \
                 for (int64_t j = d; j < D; j++) tail += from_bf16(kr[j]) * qf[g * DP + j];   \
-                float z = (HSUM(acc[g]) + tail) * scale;                                     \
-                s[g * L + l] = z;                                                            \
-                m[g] = z > m[g] ? z : m[g];                                                  \
+                s[g * L + l] = (HSUM(acc[g]) + tail) * scale;                                \
             }                                                                                \
         }                                                                                    \
-        for (int g = 0; g < NG; g++)                                                         \
-            for (int64_t l = 0; l < L; l++) {                                                \
+        for (int g = 0; g < NG; g++) {                                                       \
+            for (int64_t l = 0; l < Ls[g]; l++) {                                            \
+                float z = s[g * L + l];                                                      \
+                m[g] = z > m[g] ? z : m[g];                                                  \
+            }                                                                                \
+            for (int64_t l = 0; l < Ls[g]; l++) {                                            \
                 s[g * L + l] = expf(s[g * L + l] - m[g]);                                    \
                 total[g] += s[g * L + l];                                                    \
             }                                                                                \
+        }                                                                                    \
         int64_t d0 = 0;                                                                      \
         for (; d0 + 2 * LANES <= Dv; d0 += 2 * LANES) {                                      \
-            VEC a[ATT_HEADS][2];                                                             \
+            VEC a[QMAX][2];                                                                  \
             for (int g = 0; g < NG; g++) a[g][0] = a[g][1] = ZERO;                           \
-            for (int64_t l = 0; l < L; l++) {                                                \
+            int64_t l = 0;                                                                   \
+            for (; l < lo; l++) { /* positions every query sees */                           \
                 const uint16_t *vr = v + l * v_row + d0;                                     \
                 VEC v0 = LOADW(vr), v1 = LOADW(vr + LANES);                                  \
                 for (int g = 0; g < NG; g++) {                                               \
@@ -799,72 +813,106 @@ V2_TARGET int moespec_int8_pairs_avx2(const int8_t *P, const uint16_t *scales, c
                     a[g][1] = FMA(v1, p, a[g][1]);                                           \
                 }                                                                            \
             }                                                                                \
+            for (; l < L; l++) { /* the later rows' own positions */                         \
+                const uint16_t *vr = v + l * v_row + d0;                                     \
+                VEC v0 = LOADW(vr), v1 = LOADW(vr + LANES);                                  \
+                for (int g = 0; g < NG; g++)                                                 \
+                    if (l < Ls[g]) {                                                         \
+                        VEC p = SET1(s[g * L + l]);                                          \
+                        a[g][0] = FMA(v0, p, a[g][0]);                                       \
+                        a[g][1] = FMA(v1, p, a[g][1]);                                       \
+                    }                                                                        \
+            }                                                                                \
             for (int g = 0; g < NG; g++) {                                                   \
                 float lanes[2 * LANES], inv = 1.0f / total[g];                               \
                 STOREU(lanes, a[g][0]);                                                      \
                 STOREU(lanes + LANES, a[g][1]);                                              \
                 for (int j = 0; j < 2 * LANES; j++)                                          \
-                    out[g * Dv + d0 + j] = to_bf16(lanes[j] * inv);                          \
+                    out[g][d0 + j] = to_bf16(lanes[j] * inv);                                \
             }                                                                                \
         }                                                                                    \
         for (; d0 < Dv; d0++) /* a ragged end of Dv: in scalar, in the same order */         \
             for (int g = 0; g < NG; g++) {                                                   \
                 float acc = 0.0f;                                                            \
-                for (int64_t l = 0; l < L; l++)                                              \
+                for (int64_t l = 0; l < Ls[g]; l++)                                          \
                     acc = fmaf(from_bf16(v[l * v_row + d0]), s[g * L + l], acc);              \
-                out[g * Dv + d0] = to_bf16(acc * (1.0f / total[g]));                         \
+                out[g][d0] = to_bf16(acc * (1.0f / total[g]));                               \
             }                                                                                \
     }                                                                                        \
-    TARGET __attribute__((noinline)) static void NAME##_1(ATT_ARGS) {                        \
-        NAME##_sweep(ATT_PASS, 1);                                                            \
-    }                                                                                        \
-    TARGET __attribute__((noinline)) static void NAME##_2(ATT_ARGS) {                        \
-        NAME##_sweep(ATT_PASS, 2);                                                            \
-    }                                                                                        \
-    TARGET __attribute__((noinline)) static void NAME##_3(ATT_ARGS) {                        \
-        NAME##_sweep(ATT_PASS, 3);                                                            \
-    }                                                                                        \
-    TARGET __attribute__((noinline)) static void NAME##_4(ATT_ARGS) {                        \
-        NAME##_sweep(ATT_PASS, 4);                                                            \
+    ATT_SWEEPS_##QMAX(NAME, TARGET)                                                          \
+    /* rows t = 0 .. T - 1: q at q + t q_row, out at out + t o_row, row t sees L0 + t        \
+     * positions (a pass's rows: each sees itself and the rows before it) */                 \
+    TARGET int NAME##_rows(const uint16_t *q, int64_t q_row, int64_t T, const uint16_t *k,    \
+                           const uint16_t *v, uint16_t *out, int64_t o_row, int64_t H,        \
+                           int64_t G, int64_t L0, int64_t D, int64_t Dv, int64_t k_head,      \
+                           int64_t k_row, int64_t v_head, int64_t v_row, float scale,         \
+                           int threads) {                                                    \
+        int64_t per = (T * G + QMAX - 1) / QMAX, items = H / G * per;                         \
+        int64_t DP = (D + LANES - 1) / LANES * LANES;                                        \
+        int fail = 0;                                                                        \
+        int use = items > 1 && H * (L0 + T - 1) * (D + Dv) >= (1 << 16) ? threads : 1;       \
+        (void)use; /* unused in a build without OpenMP */                                    \
+        _Pragma("omp parallel for schedule(static) num_threads(use) reduction(| : fail)")    \
+        for (int64_t item = 0; item < items; item++) {                                       \
+            int64_t c = item / per, first = item % per * QMAX; /* queries (t, g), t-major */ \
+            int ng = (int)(T * G - first < QMAX ? T * G - first : QMAX);                     \
+            const uint16_t *qs[QMAX];                                                        \
+            uint16_t *outs[QMAX];                                                            \
+            int64_t Ls[QMAX], L = 0;                                                         \
+            for (int g = 0; g < ng; g++) {                                                   \
+                int64_t t = (first + g) / G, h = c * G + (first + g) % G;                    \
+                qs[g] = q + t * q_row + h * D;                                               \
+                outs[g] = out + t * o_row + h * Dv;                                          \
+                Ls[g] = L0 + t;                                                              \
+                L = Ls[g] > L ? Ls[g] : L;                                                   \
+            }                                                                                \
+            float stack[ATT_STACK], *buf = stack;                                            \
+            size_t need = (size_t)(ng * (DP + L));                                           \
+            if (need > ATT_STACK && !(buf = (float *)malloc(need * 4))) {                    \
+                fail = 1;                                                                    \
+                continue;                                                                    \
+            }                                                                                \
+            NAME##_by_queries[ng - 1](qs, outs, Ls, k + c * k_head, v + c * v_head, L, D, Dv, \
+                                      k_row, v_row, scale, buf, buf + ng * DP);              \
+            if (buf != stack) free(buf);                                                     \
+        }                                                                                    \
+        return fail;                                                                         \
     }                                                                                        \
     TARGET int NAME(const uint16_t *q, const uint16_t *k, const uint16_t *v, uint16_t *out,   \
                     int64_t H, int64_t G, int64_t L, int64_t D, int64_t Dv, int64_t k_head,   \
                     int64_t k_row, int64_t v_head, int64_t v_row, float scale, int threads) { \
-        static void (*const sweeps[ATT_HEADS])(ATT_ARGS) = {NAME##_1, NAME##_2, NAME##_3,     \
-                                                            NAME##_4};                        \
-        int64_t per = (G + ATT_HEADS - 1) / ATT_HEADS, items = H / G * per;                  \
-        int64_t DP = (D + LANES - 1) / LANES * LANES;                                        \
-        int fail = 0;                                                                        \
-        int use = items > 1 && H * L * (D + Dv) >= (1 << 16) ? threads : 1;                  \
-        (void)use; /* unused in a build without OpenMP */                                    \
-        _Pragma("omp parallel for schedule(static) num_threads(use) reduction(| : fail)")    \
-        for (int64_t item = 0; item < items; item++) {                                       \
-            int64_t c = item / per, h = c * G + item % per * ATT_HEADS;                      \
-            int ng = (int)(c * G + G - h < ATT_HEADS ? c * G + G - h : ATT_HEADS);           \
-            float *buf = (float *)malloc((size_t)(ng * (DP + L)) * 4);                       \
-            if (!buf) {                                                                      \
-                fail = 1;                                                                    \
-                continue;                                                                    \
-            }                                                                                \
-            sweeps[ng - 1](q + h * D, k + c * k_head, v + c * v_head, out + h * Dv, L, D, Dv, \
-                           k_row, v_row, scale, buf, buf + ng * DP);                         \
-            free(buf);                                                                       \
-        }                                                                                    \
-        return fail;                                                                         \
+        return NAME##_rows(q, 0, 1, k, v, out, 0, H, G, L, D, Dv, k_head, k_row, v_head,      \
+                           v_row, scale, threads);                                           \
     }
 
 #define ATT_ARGS                                                                             \
-    const uint16_t *q, const uint16_t *k, const uint16_t *v, uint16_t *out, int64_t L,       \
-        int64_t D, int64_t Dv, int64_t k_row, int64_t v_row, float scale, float *qf, float *s
-#define ATT_PASS q, k, v, out, L, D, Dv, k_row, v_row, scale, qf, s
+    const uint16_t *const *q, uint16_t *const *out, const int64_t *Ls, const uint16_t *k,    \
+        const uint16_t *v, int64_t L, int64_t D, int64_t Dv, int64_t k_row, int64_t v_row,   \
+        float scale, float *qf, float *s
+#define ATT_PASS q, out, Ls, k, v, L, D, Dv, k_row, v_row, scale, qf, s
+#define ATT_SWEEP(NAME, TARGET, NG)                                                          \
+    TARGET __attribute__((noinline)) static void NAME##_##NG(ATT_ARGS) {                     \
+        NAME##_sweep(ATT_PASS, NG);                                                          \
+    }
+#define ATT_SWEEPS_4(NAME, TARGET)                                                           \
+    ATT_SWEEP(NAME, TARGET, 1) ATT_SWEEP(NAME, TARGET, 2) ATT_SWEEP(NAME, TARGET, 3)         \
+    ATT_SWEEP(NAME, TARGET, 4)                                                               \
+    static void (*const NAME##_by_queries[4])(ATT_ARGS) = {NAME##_1, NAME##_2, NAME##_3,     \
+                                                          NAME##_4};
+#define ATT_SWEEPS_8(NAME, TARGET)                                                           \
+    ATT_SWEEP(NAME, TARGET, 1) ATT_SWEEP(NAME, TARGET, 2) ATT_SWEEP(NAME, TARGET, 3)         \
+    ATT_SWEEP(NAME, TARGET, 4) ATT_SWEEP(NAME, TARGET, 5) ATT_SWEEP(NAME, TARGET, 6)         \
+    ATT_SWEEP(NAME, TARGET, 7) ATT_SWEEP(NAME, TARGET, 8)                                    \
+    static void (*const NAME##_by_queries[8])(ATT_ARGS) = {                                  \
+        NAME##_1, NAME##_2, NAME##_3, NAME##_4, NAME##_5, NAME##_6, NAME##_7, NAME##_8};
 #ifndef MOESPEC_NO_AVX512
 #define W16(p)                                                                               \
     _mm512_castsi512_ps(                                                                     \
         _mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256((const void *)(p))), 16))
-ATTEND(moespec_attend_bf16_avx512, F5_TARGET, __m512, 16, _mm512_setzero_ps(), W16,
+ATTEND(moespec_attend_bf16_avx512, F5_TARGET, __m512, 16, 8, _mm512_setzero_ps(), W16,
        _mm512_loadu_ps, _mm512_fmadd_ps, _mm512_reduce_add_ps, _mm512_set1_ps, _mm512_storeu_ps)
 #endif
-ATTEND(moespec_attend_bf16_avx2, V2_TARGET, __m256, 8, _mm256_setzero_ps(), widen_bf16x8,
+ATTEND(moespec_attend_bf16_avx2, V2_TARGET, __m256, 8, 4, _mm256_setzero_ps(), widen_bf16x8,
        _mm256_loadu_ps, _mm256_fmadd_ps, hsum8, _mm256_set1_ps, _mm256_storeu_ps)
 
 /* The read-bandwidth probe: the sum of n bytes (a multiple of 128) read as 32-byte vectors into

@@ -88,6 +88,14 @@ _SIGNATURES = {
     # decode attention: q, k, v, out, H, G, L, D, Dv, k_head, k_row, v_head, v_row, scale, threads
     "moespec_attend_bf16_avx512": [_P] * 4 + [_I64] * 9 + [ctypes.c_float, _INT],
     "moespec_attend_bf16_avx2": [_P] * 4 + [_I64] * 9 + [ctypes.c_float, _INT],
+    # a pass's rows: q, q_row, T, k, v, out, out_row, H, G, L0 (row t sees L0 + t), D, Dv,
+    # k_head, k_row, v_head, v_row, scale, threads
+    "moespec_attend_bf16_avx512_rows": [_P, _I64, _I64, _P, _P, _P]
+    + [_I64] * 10
+    + [ctypes.c_float, _INT],
+    "moespec_attend_bf16_avx2_rows": [_P, _I64, _I64, _P, _P, _P]
+    + [_I64] * 10
+    + [ctypes.c_float, _INT],
     # the read-bandwidth probe: buffer, bytes, threads; returns its sum, not a status
     "moespec_read_sum": [_P, _I64, _INT],
 }
@@ -257,6 +265,42 @@ def attend_one(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, scale:
     shape = (heads, heads // kv, length, dim, dv, *strides)
     ptrs = (q.data_ptr(), keys.data_ptr(), values.data_ptr(), out.data_ptr())
     if attention_function()(*ptrs, *shape, scale, _threads(None)):
+        raise MemoryError("native attention: no memory for its scores")
+    return out
+
+
+def attend_rows(
+    q: torch.Tensor,
+    keys: torch.Tensor,
+    values: torch.Tensor,
+    scale: float,
+    family: str | None = None,
+    threads: int | None = None,
+) -> torch.Tensor:
+    """Attention of a pass's T query rows in one call: q bf16 [T, H, D] over keys [1, K, L, D]
+    and values [1, K, L, Dv] (the cache's views, bf16), row t over the first L - T + 1 + t
+    positions (itself and the rows before it); returns [T, H Dv] bf16, each row the bits
+    `attend_one` gives it over its positions. family: whose loops (this CPU's)."""
+    name = ATTENTION[family or this_cpu()[2]] + "_rows"
+    rows, heads, dim = q.shape
+    kv, length, dv = keys.shape[1], keys.shape[2], values.shape[3]
+    q = q.contiguous()
+    out = torch.empty(rows, heads * dv, dtype=torch.bfloat16)
+    strides = (keys.stride(1), keys.stride(2), values.stride(1), values.stride(2))
+    shape = (heads, heads // kv, length - rows + 1, dim, dv, *strides)
+    rc = getattr(native().lib, name)(
+        q.data_ptr(),
+        heads * dim,
+        rows,
+        keys.data_ptr(),
+        values.data_ptr(),
+        out.data_ptr(),
+        heads * dv,
+        *shape,
+        scale,
+        _threads(threads),
+    )
+    if rc:
         raise MemoryError("native attention: no memory for its scores")
     return out
 
