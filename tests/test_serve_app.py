@@ -137,6 +137,17 @@ def test_stop_string_ends_the_text_before_it(client):
     assert "".join(c["choices"][0]["text"] for c in streamed[:-1]) == cut
 
 
+@pytest.mark.parametrize("draft", ["suffix", "auto"])
+def test_suffix_and_auto_drafting_engines_answer_as_plain(client, target, draft):
+    engine = tiny_engine(target, draft=draft)
+    try:
+        answer = complete(TestClient(create_app(engine)), max_tokens=16).json()
+    finally:
+        engine.close()
+    plain = complete(client, max_tokens=16).json()
+    assert answer["choices"][0]["text"] == plain["choices"][0]["text"]
+
+
 def test_same_seed_same_sample_on_a_plain_engine(target):
     engine = tiny_engine(target, draft="none")
     try:

@@ -4,10 +4,10 @@ POST /v1/completions and /v1/chat/completions (with "stream": true as server-sen
 GET /v1/models, /health, /metrics (Prometheus text). Batch size 1: requests wait in a queue of
 --max-queue; a full queue answers 429 with Retry-After. Each request decodes through the same
 loop as `moespec generate`: drafted by --draft (default: auto with the demo draft for the demo
-model: per step the draft model, prompt lookup or none; else none), the draft length chosen by
---draft-length (default auto: k*(a) from the cost model), the expert kernel by --kernel, its
-verification passes batch-invariant (greedy answers equal plain greedy decoding in bf16).
-Listens on loopback unless --host says otherwise.
+model: per step the suffix drafter, the draft model, prompt lookup or none; else none), the
+draft length chosen by --draft-length (default auto: k*(a) from the cost model), the expert
+kernel by --kernel, its verification passes batch-invariant (greedy answers equal plain
+greedy decoding in bf16). Listens on loopback unless --host says otherwise.
 Needs the optional dependencies: pip install 'moespec[serve]'.
 """
 
@@ -27,11 +27,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--draft",
-        metavar="auto|auto:DIR|DIR|lookup|oracle:A|none",
-        help="draft: auto chooses per step among prompt lookup, the draft model DIR of "
-        "auto:DIR, and none; or one drafter: a checkpoint sharing the tokenizer, prompt "
-        "lookup, the oracle at acceptance A (greedy requests only); or none (default: auto "
-        "with the demo draft for the demo model, else none)",
+        metavar="auto|auto:DIR|DIR|suffix[:CORPUS]|lookup|oracle:A|none",
+        help="draft: auto chooses per step among the suffix drafter, prompt lookup, the draft "
+        "model DIR of auto:DIR, and none; or one drafter: a checkpoint sharing the tokenizer, "
+        "the suffix drafter (over the prompt, the output and CORPUS files, separated by ':'), "
+        "prompt lookup, the oracle at acceptance A (greedy requests only); or none (default: "
+        "auto with the demo draft for the demo model, else none)",
     )
     parser.add_argument("--draft-length", default="auto", metavar="K|auto")
     parser.add_argument("--max-draft-length", type=int, default=8, metavar="K")

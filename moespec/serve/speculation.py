@@ -1,6 +1,7 @@
 """What each request drafts with, built as `moespec generate` builds it
-(moespec.decoding.setup): "auto" / "auto:DIR" chooses per step among prompt lookup, the draft
-model DIR and no draft; a checkpoint directory, "oracle:A" or "lookup" is that drafter alone.
+(moespec.decoding.setup): "auto" / "auto:DIR" chooses per step among the suffix drafter, prompt
+lookup, the draft model DIR and no draft; a checkpoint directory, "oracle:A", "suffix[:CORPUS]"
+or "lookup" is that drafter alone (a corpus is indexed once, at start).
 
 A draft checkpoint is loaded once at start. Each request gets fresh speculation state (its
 own drafters, caches, acceptance estimates and seeded draft sampler), so an answer does not
@@ -20,9 +21,11 @@ from moespec.decoding.setup import (
     draft_name,
     drafter_factory,
     load_draft_model,
+    suffix_corpus,
 )
 from moespec.decoding.speculation import Option
 from moespec.decoding.speculation import Speculation as Choice
+from moespec.decoding.suffix import CorpusIndex, SuffixDrafter
 from moespec.models import Tokenizer, Transformer
 
 
@@ -41,6 +44,7 @@ class Speculation:
     draft_model: Transformer | None = None
     draft_byte_ratio: float | None = None  # the draft model's bytes per token over the target's
     verify_times: RunningMedians = field(default_factory=RunningMedians)
+    corpus: CorpusIndex | None = None  # the suffix drafter's corpus files, indexed
 
     @property
     def name(self) -> str:
@@ -52,7 +56,7 @@ class Speculation:
         if (
             self.draft is None
             or self.draft in ("auto", "lookup")
-            or self.draft.startswith("oracle")
+            or self.draft.startswith(("oracle", "suffix"))
         ):
             return None
         return self.draft.removeprefix("auto:")
@@ -70,7 +74,10 @@ class Speculation:
             return None
         vocab = self.target.config.vocab_size
         drafters = []
-        if self.draft == "auto" or self.draft.startswith("auto:") or self.draft == "lookup":
+        auto = self.draft == "auto" or self.draft.startswith("auto:")
+        if auto or self.draft == "suffix" or self.draft.startswith("suffix:"):
+            drafters.append(SuffixDrafter(self.corpus))
+        if auto or self.draft == "lookup":
             drafters.append(PromptLookupDrafter())
         if self.draft_model is not None:
             draft_sampler = Sampler(sampler.temperature, sampler.top_p, seed + 1)
@@ -118,6 +125,8 @@ def build_speculation(
         return speculation
     if draft.startswith("oracle"):
         parse_oracle(draft)  # a bad spec fails at start, not on the first request
+    elif draft.startswith("suffix"):
+        speculation.corpus = suffix_corpus(draft, tokenizer)
     elif speculation.draft_dir is not None:
         speculation.draft_model = load_draft_model(speculation.draft_dir, tokenizer, dtype)
         speculation.draft_byte_ratio = draft_byte_ratio(speculation.draft_model, target)
