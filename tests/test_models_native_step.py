@@ -316,3 +316,62 @@ def test_the_rows_attention_gives_each_row_its_one_row_bits(family, shape):
         assert torch.equal(together[t], out), t
     for threads in (1, 2):  # the threads split key heads, never a query's sums
         assert torch.equal(nat.attend_rows(q, keys, values, dim**-0.5, family, threads), together)
+
+
+@pytest.fixture(scope="module")
+def demo_target():
+    from moespec.demo import demo_paths
+
+    model = load_model(demo_paths()[0])[0]
+    if model.native_report()["native"] is False:
+        pytest.skip("no native pass here")
+    return model
+
+
+@pytest.mark.parametrize("family", ["this", "avx2"])
+def test_the_demo_targets_nine_token_pass_is_nine_one_token_passes(demo_target, family):
+    # the pass speculation verifies with, on the model it is measured on: every row (logits,
+    # keys, values) of one pass of 9 has the bits of 9 one-token passes, in either expert order
+    family = this_cpu()[2] if family == "this" else family
+    if family not in _families():
+        pytest.skip(f"no native {family} loops here")
+    step = NativeStep(demo_target, family=family)
+    g = torch.Generator().manual_seed(5)
+    prompt = torch.randint(0, 4096, (1, 64), generator=g)
+    tokens = torch.randint(0, 4096, (1, 9), generator=g)
+    tokens[0, 5] = tokens[0, 2]  # a repeated token: rows that share every expert
+    results = []
+    for kernel in ("slot", "dedup"):
+        one, many = demo_target.new_cache(capacity=128), demo_target.new_cache(capacity=128)
+        for cache in (one, many):
+            step(prompt, cache, kernel=kernel, all_logits=False)
+        steps = torch.cat(
+            [step(tokens[:, i : i + 1], one, kernel=kernel, all_logits=True) for i in range(9)],
+            dim=1,
+        )
+        verified = step(tokens, many, kernel=kernel, all_logits=True)
+        assert torch.equal(verified, steps), kernel
+        for a, b in zip(one.keys + one.values, many.keys + many.values, strict=True):
+            assert torch.equal(a[:, :, :73], b[:, :, :73])
+        last = step(tokens[:, :1], many, kernel=kernel, all_logits=False)  # its scratch reused
+        results.append((verified, last))
+    assert all(torch.equal(a, b) for a, b in zip(*results, strict=True))  # slot == dedup
+
+
+def test_a_pass_whose_scratch_is_held_takes_buffers_of_its_own(demo_target):
+    # two threads in one model's passes: the second finds the kept buffers held and takes its
+    # own, with the same bits
+    step = NativeStep(demo_target)
+    g = torch.Generator().manual_seed(6)
+    prompt = torch.randint(0, 4096, (1, 16), generator=g)
+    caches = [demo_target.new_cache(capacity=64) for _ in range(2)]
+    for cache in caches:
+        step(prompt, cache, kernel="slot", all_logits=False)
+    tokens = torch.randint(0, 4096, (1, 5), generator=g)
+    free = step(tokens, caches[0], kernel="dedup", all_logits=True)
+    step._scratch.busy = 1
+    try:
+        held = step(tokens, caches[1], kernel="dedup", all_logits=True)
+    finally:
+        step._scratch.busy = 0
+    assert torch.equal(free, held)

@@ -16,6 +16,16 @@
  * row attends over exactly the positions it sees, and everything else is row-wise. So a
  * verification pass reproduces the bits of one-token steps, and the slot and deduplicating
  * expert orders (which only change which rows share a weight's read) give the same bits.
+ *
+ * A pass's buffers are kept from pass to pass (`Scratch`: it used to malloc some 15), a layer's
+ * attention takes all the pass's rows in one call (native.c's `_rows`: one read of the keys and
+ * values per 8 queries), and the elementwise loops (norms, rotation, SwiGLU with its own
+ * vectorisable exponential, residual adds, the expert combine) are plain C compiled once per
+ * instruction set (`STEP_VARIANT`: SSE2, AVX2, AVX-512, the same bits). On the demo target
+ * (`python benchmarks/native_pass.py --threads N`, before and after in one sitting) a
+ * one-token pass went from 0.385 to 0.340 ms at 1 thread (0.376 to 0.333 at 2), a pass of 9
+ * from 1.68 to 1.34 ms (slot) and 1.46 to 1.16 (dedup) at 1 thread, 1.43 to 1.04 and 1.47 to
+ * 1.07 at 2; the demo draft's step from 0.284 to 0.244 ms (0.303 to 0.239 at 2 threads).
  */
 #include <math.h>
 #include <stdint.h>
@@ -36,6 +46,12 @@ typedef int (*attend_fn)(const uint16_t *q, const uint16_t *k, const uint16_t *v
                          int64_t H, int64_t G, int64_t L, int64_t D, int64_t Dv, int64_t k_head,
                          int64_t k_row, int64_t v_head, int64_t v_row, float scale, int threads);
 
+typedef int (*attend_rows_fn)(const uint16_t *q, int64_t q_row, int64_t T, const uint16_t *k,
+                              const uint16_t *v, uint16_t *out, int64_t o_row, int64_t H,
+                              int64_t G, int64_t L0, int64_t D, int64_t Dv, int64_t k_head,
+                              int64_t k_row, int64_t v_head, int64_t v_row, float scale,
+                              int threads);
+
 /* A weight in the pair layout: bf16 (scales NULL) or int8 values with a bf16 scale per row. */
 typedef struct {
     uint64_t weight, scales;
@@ -52,6 +68,14 @@ typedef struct {
     uint64_t gate_up, down; /* Product [E] (experts), or one Product each (dense) */
 } Layer;
 
+/* A pass's buffers, kept from pass to pass (`moespec_scratch_free` releases them): a decode
+ * step used to malloc and free some 15 of them. One pass at a time holds it (`busy`); a pass
+ * that finds it held (two threads in one model's passes) takes buffers of its own. */
+typedef struct {
+    void *p;
+    int64_t bytes, busy;
+} Scratch;
+
 typedef struct {
     int64_t layers, hidden, heads, kv_heads, head_dim, rotary, vocab;
     float eps, scale;
@@ -60,19 +84,23 @@ typedef struct {
     const Layer *layer;
     uint64_t bf16_batch, int8_batch, attend; /* native.c's functions for this CPU */
     int64_t small_bytes; /* below this many bytes a product runs on one thread */
+    uint64_t attend_rows; /* native.c's attention of a pass's rows (`attend`'s family) */
+    int64_t isa;          /* the elementwise loops' instructions: 0 SSE2, 1 AVX2, 2 AVX-512 */
+    uint64_t scratch;     /* a Scratch, or 0: buffers per pass */
 } Model;
 
 #define P(u) ((const void *)(uintptr_t)(u))
+#define INLINE static inline __attribute__((always_inline))
 
-static inline uint16_t bf(float f) {
+/* Round to nearest even, NaN kept quiet; branch-free, so that the loops vectorise. */
+INLINE uint16_t bf(float f) {
     uint32_t u;
     memcpy(&u, &f, 4);
-    if ((u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((u >> 16) | 0x40u);
-    u += 0x7fffu + ((u >> 16) & 1u);
-    return (uint16_t)(u >> 16);
+    uint32_t nan = (u >> 16) | 0x40u, r = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;
+    return (uint16_t)((u & 0x7fffffffu) > 0x7f800000u ? nan : r);
 }
 
-static inline float fl(uint16_t h) {
+INLINE float fl(uint16_t h) {
     uint32_t u = (uint32_t)h << 16;
     float f;
     memcpy(&f, &u, 4);
@@ -81,7 +109,7 @@ static inline float fl(uint16_t h) {
 
 /* n products of one shape: product k takes rows xrow[k] .. of X (count[k] of them) into rows
  * orow[k] .. of out. Weights given as Product pointers (all bf16 or all int8). */
-static int products(const Model *m, int64_t n, const Product *const *w, const uint16_t *X,
+INLINE int products(const Model *m, int64_t n, const Product *const *w, const uint16_t *X,
                     int64_t x_rows, const int64_t *xrow, const int64_t *count, uint16_t *out,
                     const int64_t *orow, int threads, int64_t rows_for_threads) {
     uint64_t stack_w[64], stack_s[64];
@@ -110,47 +138,106 @@ static int products(const Model *m, int64_t n, const Product *const *w, const ui
 }
 
 /* One product of all T rows of X [T, in] into out [T, out]. */
-static int product(const Model *m, const Product *w, const uint16_t *X, int64_t T, uint16_t *out,
+INLINE int product(const Model *m, const Product *w, const uint16_t *X, int64_t T, uint16_t *out,
                    int threads) {
     int64_t zero = 0;
     return products(m, 1, &w, X, T, &zero, &T, out, &zero, threads, T);
 }
 
-/* out = w * bf16(x / rms(x)), the eager RMSNorm's rounding points; x and out may alias. */
-static void rms_norm(const uint16_t *x, const uint16_t *w, int64_t n, float eps, uint16_t *out) {
-    float ss = 0.0f;
-    for (int64_t i = 0; i < n; i++) ss += fl(x[i]) * fl(x[i]);
-    float r = 1.0f / sqrtf(ss / (float)n + eps);
-    for (int64_t i = 0; i < n; i++) out[i] = bf(fl(w[i]) * fl(bf(fl(x[i]) * r)));
+/* The elementwise loops below are plain C written so that they vectorise (no branches, lanes
+ * that do not depend on each other); each is compiled three times, for SSE2, AVX2 and AVX-512
+ * (`STEP_VARIANT`), and every variant gives the same bits: the lanes' arithmetic is the scalar
+ * arithmetic (the build contracts no a * b + c into an FMA: -std=c11, FP_CONTRACT off). */
+#ifdef __clang__
+#pragma STDC FP_CONTRACT OFF
+#endif
+#define LANES 16 /* the partial sums of a norm's sum of squares */
+
+/* out = w * bf16(x / rms(x)), the eager RMSNorm's rounding points; x and out may alias. The
+ * sum of squares is 16 partial sums (element i to sum i % 16) added in a fixed tree: a chain
+ * of n dependent adds was 5% of a 9-token pass. */
+INLINE void rms_norm(const uint16_t *x, const uint16_t *w, int64_t n, float eps, uint16_t *out) {
+    float part[LANES] = {0};
+    int64_t i = 0;
+    for (; i + LANES <= n; i += LANES)
+        for (int j = 0; j < LANES; j++) part[j] += fl(x[i + j]) * fl(x[i + j]);
+    for (int j = 0; i + j < n; j++) part[j] += fl(x[i + j]) * fl(x[i + j]);
+    for (int half = LANES / 2; half; half /= 2)
+        for (int j = 0; j < half; j++) part[j] += part[j + half];
+    float r = 1.0f / sqrtf(part[0] / (float)n + eps);
+    for (i = 0; i < n; i++) out[i] = bf(fl(w[i]) * fl(bf(fl(x[i]) * r)));
 }
 
 /* x * cos + roll(x, R / 2) * sin over the first R of D dimensions, with the signed tables of
  * moespec.models.layers.Rotary (bf16, rounded as the eager rotation rounds). */
-static void rotate(uint16_t *x, const uint16_t *cos, const uint16_t *sin, int64_t R) {
+INLINE void rotate(uint16_t *x, const uint16_t *cos, const uint16_t *sin, int64_t R) {
     uint16_t tmp[1024];
     int64_t half = R / 2;
     memcpy(tmp, x, (size_t)R * 2);
-    for (int64_t d = 0; d < R; d++) {
-        uint16_t a = bf(fl(tmp[d]) * fl(cos[d]));
-        uint16_t b = bf(fl(tmp[(d + half) % R]) * fl(sin[d]));
-        x[d] = bf(fl(a) + fl(b));
-    }
+    for (int64_t d = 0; d < half; d++)
+        x[d] = bf(fl(bf(fl(tmp[d]) * fl(cos[d]))) + fl(bf(fl(tmp[d + half]) * fl(sin[d]))));
+    for (int64_t d = half; d < R; d++)
+        x[d] = bf(fl(bf(fl(tmp[d]) * fl(cos[d]))) + fl(bf(fl(tmp[d - half]) * fl(sin[d]))));
 }
 
-static inline float silu(float g) { return g / (1.0f + expf(-g)); }
+/* e^x rounded to float from a double approximation within 2^-36 of it (2^k times a degree-9
+ * Taylor polynomial of e^r, |r| <= ln 2 / 2): plain arithmetic, so it vectorises where libm's
+ * expf (a call per element, 3% of a 9-token pass) does not. Below -104 the float is 0, above
+ * 104 infinity (as beyond 88.8); NaN stays NaN. */
+INLINE float exp_f(float x) {
+    /* |x| beyond 104 (NaN and infinities too) taken as +-104, compared as integers: a float
+     * comparison may trap, and gcc does not vectorise a loop with one (-ftrapping-math) */
+    uint32_t ux, ax;
+    memcpy(&ux, &x, 4);
+    ax = ux & 0x7fffffffu;
+    uint32_t cu = ax > 0x42d00000u ? (ux & 0x80000000u) | 0x42d00000u : ux;
+    float xc;
+    memcpy(&xc, &cu, 4);
+    double xd = xc;
+    double shift = 0x1.8p52, kd = xd * 1.4426950408889634 + shift;
+    uint64_t ki;
+    memcpy(&ki, &kd, 8);
+    kd -= shift;
+    double r = xd - kd * 0.6931471805599453;
+    double p = 1.0 / 362880.0;
+    p = p * r + 1.0 / 40320.0;
+    p = p * r + 1.0 / 5040.0;
+    p = p * r + 1.0 / 720.0;
+    p = p * r + 1.0 / 120.0;
+    p = p * r + 1.0 / 24.0;
+    p = p * r + 1.0 / 6.0;
+    p = p * r + 0.5;
+    p = p * r + 1.0;
+    p = p * r + 1.0;
+    uint64_t bits = (ki + 1023u) << 52; /* 2^k: k = the low bits of ki, |k| < 151 */
+    double scale;
+    memcpy(&scale, &bits, 8);
+    float y = (float)(p * scale);
+    uint32_t uy, nan = 0u - (uint32_t)(ax > 0x7f800000u); /* NaN stays NaN: a mask, not a */
+    memcpy(&uy, &y, 4);                                     /* select gcc would branch on */
+    uy = (uy & ~nan) | (ux & nan);
+    memcpy(&y, &uy, 4);
+    return y;
+}
 
 /* act [R, I] = bf16(bf16(silu(gate)) * up) of hidden [R, 2I] (gate first). */
-static void swiglu(const uint16_t *hidden, int64_t R, int64_t I, uint16_t *act) {
+INLINE void swiglu(const uint16_t *hidden, int64_t R, int64_t I, uint16_t *act) {
     for (int64_t r = 0; r < R; r++)
         for (int64_t i = 0; i < I; i++) {
-            float g = fl(bf(silu(fl(hidden[r * 2 * I + i]))));
+            float g = fl(hidden[r * 2 * I + i]);
+            g = fl(bf(g / (1.0f + exp_f(-g))));
             act[r * I + i] = bf(g * fl(hidden[r * 2 * I + I + i]));
         }
 }
 
+/* h = bf16(h + y) over n elements */
+INLINE void add_rows(uint16_t *h, const uint16_t *y, int64_t n) {
+    for (int64_t i = 0; i < n; i++) h[i] = bf(fl(h[i]) + fl(y[i]));
+}
+
 /* Softmax over E logits in fp32, the top k (the largest first, the lower index on a tie),
  * renormalised if asked. */
-static void route(const uint16_t *logits, int64_t E, int64_t k, int renormalize, float *p,
+INLINE void route(const uint16_t *logits, int64_t E, int64_t k, int renormalize, float *p,
                   int64_t *ids, float *weights) {
     float mx = -INFINITY, total = 0.0f;
     for (int64_t e = 0; e < E; e++) mx = fl(logits[e]) > mx ? fl(logits[e]) : mx;
@@ -179,7 +266,7 @@ static void route(const uint16_t *logits, int64_t E, int64_t k, int renormalize,
  * product per token and slot; the same bits either way). Buffers: hid [S, 2I], act [S, I],
  * xg [S, H] (S = T top_k), meta [5 S], plist [S]. The model pass and `moespec_experts` (the
  * calibration's timing of this operation alone) both run this code. */
-static int moe_experts(const Model *m, const Layer *L, const uint16_t *x, int64_t T,
+INLINE int moe_experts(const Model *m, const Layer *L, const uint16_t *x, int64_t T,
                        const int64_t *sid, const float *w, int dedup, uint16_t *hid,
                        uint16_t *act, uint16_t *xg, int64_t *meta, const Product **plist,
                        uint16_t *h, int threads) {
@@ -222,31 +309,26 @@ static int moe_experts(const Model *m, const Layer *L, const uint16_t *x, int64_
         plist[j] = &down[plist[j] - gate_up]; /* the same experts' down products */
     if ((rc = products(m, n, plist, act, R, orow, count, xg, orow, threads, 1))) return rc;
     for (int64_t t = 0; t < T; t++) /* each token's slots in slot order, rounded once */
-        for (int64_t i = 0; i < H; i++) {
-            float acc = 0.0f;
-            for (int64_t s = 0; s < k; s++)
-                acc += fl(bf(fl(xg[pos[t * k + s] * H + i]) * fl(bf(w[t * k + s]))));
-            h[t * H + i] = bf(fl(h[t * H + i]) + fl(bf(acc)));
+        for (int64_t i0 = 0; i0 < H; i0 += 64) {
+            float acc[64] = {0};
+            int64_t width = H - i0 < 64 ? H - i0 : 64;
+            for (int64_t s = 0; s < k; s++) {
+                const uint16_t *out = xg + pos[t * k + s] * H + i0;
+                float ws = fl(bf(w[t * k + s]));
+                for (int64_t i = 0; i < width; i++) acc[i] += fl(bf(fl(out[i]) * ws));
+            }
+            uint16_t *row = h + t * H + i0;
+            for (int64_t i = 0; i < width; i++) row[i] = bf(fl(row[i]) + fl(bf(acc[i])));
         }
     return 0;
 }
 
-/* A pass of T tokens at positions start .. start + T - 1 of the cache. cache: per layer the
- * keys' then the values' base ([K, capacity, D] bf16, batch 1); cos, sin: rows start .. of the
- * rotary tables [*, R]. dedup: each distinct expert of a layer takes its rows in one product
- * (else one product per token and slot; the same bits either way). logits: fp32 [T, V] when
- * all_logits, else [1, V] of the last row. ids, weights: [layers][T][top], top the largest
- * top_k, of each MoE layer
- * (or NULL). Returns 0, 1 without memory, 2 when a native loop refused its shapes, 3 for a
- * token id outside the vocabulary (nothing written). */
-int moespec_step(const Model *m, const int64_t *tokens, int64_t T, int64_t start,
-                 const uint64_t *cache, int64_t capacity, const uint16_t *cos,
-                 const uint16_t *sin, int dedup, int all_logits, float *logits, int64_t *ids,
-                 float *weights, int threads, int attend_threads) {
-    for (int64_t t = 0; t < T; t++)
-        if (tokens[t] < 0 || tokens[t] >= m->vocab) return 3;
+/* The buffers of a pass of T tokens, in one allocation: their offsets (64-byte aligned) into
+ * at[], the total returned. */
+enum { B_H, B_X, B_QKV, B_ATT, B_Y, B_HID, B_ACT, B_XG, B_RL, B_LM, B_P, B_W, B_SID, B_META,
+       B_PLIST, B_COUNT };
+static int64_t layout(const Model *m, int64_t T, int64_t at[B_COUNT]) {
     const int64_t H = m->hidden, N = m->heads, K = m->kv_heads, D = m->head_dim;
-    const int64_t QKV = (N + 2 * K) * D;
     int64_t top = 1, widest = H, inter = 1, E = 1;
     for (int64_t l = 0; l < m->layers; l++) {
         const Layer *y = &m->layer[l];
@@ -255,36 +337,62 @@ int moespec_step(const Model *m, const int64_t *tokens, int64_t T, int64_t start
         inter = gu->out / 2 > inter ? gu->out / 2 : inter;
         E = y->experts > E ? y->experts : E;
     }
-    widest = QKV > widest ? QKV : widest;
+    widest = (N + 2 * K) * D > widest ? (N + 2 * K) * D : widest;
     widest = N * D > widest ? N * D : widest;
     const int64_t S = T * top; /* slots of the pass */
-    size_t sizes[] = {
-        (size_t)(T * H),         /* h: the residual stream */
-        (size_t)(T * H),         /* x: normed */
-        (size_t)(T * widest),    /* qkv */
-        (size_t)(T * N * D),     /* attention out */
-        (size_t)(S * H),         /* y: per-slot outputs, then the layer's output */
-        (size_t)(S * 2 * inter), /* hidden */
-        (size_t)(S * inter),     /* act */
-        (size_t)(S * H),         /* xg: rows gathered by expert / expert outputs */
-        (size_t)(T * E),         /* router logits */
-        (size_t)(T * m->vocab),  /* head out */
+    const int64_t bytes[B_COUNT] = {
+        T * H * 2,         /* h: the residual stream */
+        T * H * 2,         /* x: normed */
+        T * widest * 2,    /* qkv */
+        T * N * D * 2,     /* attention out */
+        S * H * 2,         /* y: per-slot outputs, then the layer's output */
+        S * 2 * inter * 2, /* hidden */
+        S * inter * 2,     /* act */
+        S * H * 2,         /* xg: rows gathered by expert / expert outputs */
+        T * E * 2,         /* router logits */
+        T * m->vocab * 2,  /* head out */
+        E * 4,             /* routing probabilities */
+        S * 4,             /* routing weights */
+        S * 8,             /* expert ids */
+        S * 40,            /* moe_experts' meta */
+        S * (int64_t)sizeof(void *), /* its product list */
     };
-    const int nb = (int)(sizeof sizes / sizeof sizes[0]);
-    uint16_t *buf[10];
-    int rc = 0;
-    for (int i = 0; i < nb; i++) buf[i] = (uint16_t *)malloc(sizes[i] * 2 + 64);
-    float *p = (float *)malloc((size_t)E * 4), *w = (float *)malloc((size_t)S * 4);
-    int64_t *sid = (int64_t *)malloc((size_t)S * 8), *meta = (int64_t *)malloc((size_t)S * 40);
-    const Product **plist = (const Product **)malloc((size_t)(S > 1 ? S : 1) * sizeof(void *));
-    for (int i = 0; i < nb; i++) rc |= !buf[i];
-    if (rc || !p || !w || !sid || !meta || !plist) {
-        rc = 1;
-        goto done;
+    int64_t total = 0;
+    for (int i = 0; i < B_COUNT; i++) {
+        at[i] = total;
+        total += (bytes[i] + 63) / 64 * 64;
     }
-    uint16_t *h = buf[0], *x = buf[1], *qkv = buf[2], *att = buf[3], *y = buf[4];
-    uint16_t *hid = buf[5], *act = buf[6], *xg = buf[7], *rl = buf[8], *lm = buf[9];
+    return total;
+}
+
+/* A pass of T tokens at positions start .. start + T - 1 of the cache. cache: per layer the
+ * keys' then the values' base ([K, capacity, D] bf16, batch 1); cos, sin: rows start .. of the
+ * rotary tables [*, R]. dedup: each distinct expert of a layer takes its rows in one product
+ * (else one product per token and slot; the same bits either way). logits: fp32 [T, V] when
+ * all_logits, else [1, V] of the last row. ids, weights: [layers][T][top], top the largest
+ * top_k, of each MoE layer (or NULL). Each layer writes every row's keys and values to the
+ * cache, then its attention takes the rows in one call (`attend_rows`: row t over positions
+ * 0 .. start + t, as a pass of its own would see them). Returns 0, 1 without memory, 2 when a
+ * native loop refused its shapes. */
+INLINE int step_body(const Model *m, const int64_t *tokens, int64_t T, int64_t start,
+                     const uint64_t *cache, int64_t capacity, const uint16_t *cos,
+                     const uint16_t *sin, int dedup, int all_logits, float *logits,
+                     int64_t *ids, float *weights, int threads, int attend_threads,
+                     char *base, const int64_t *at) {
+    const int64_t H = m->hidden, N = m->heads, K = m->kv_heads, D = m->head_dim;
+    const int64_t QKV = (N + 2 * K) * D, R = m->rotary;
+    int64_t top = 1;
+    for (int64_t l = 0; l < m->layers; l++) top = m->layer[l].top_k > top ? m->layer[l].top_k : top;
+    uint16_t *h = (uint16_t *)(base + at[B_H]), *x = (uint16_t *)(base + at[B_X]);
+    uint16_t *qkv = (uint16_t *)(base + at[B_QKV]), *att = (uint16_t *)(base + at[B_ATT]);
+    uint16_t *y = (uint16_t *)(base + at[B_Y]), *hid = (uint16_t *)(base + at[B_HID]);
+    uint16_t *act = (uint16_t *)(base + at[B_ACT]), *xg = (uint16_t *)(base + at[B_XG]);
+    uint16_t *rl = (uint16_t *)(base + at[B_RL]), *lm = (uint16_t *)(base + at[B_LM]);
+    float *p = (float *)(base + at[B_P]), *w = (float *)(base + at[B_W]);
+    int64_t *sid = (int64_t *)(base + at[B_SID]), *meta = (int64_t *)(base + at[B_META]);
+    const Product **plist = (const Product **)(base + at[B_PLIST]);
     const uint16_t *embed = (const uint16_t *)P(m->embed);
+    int rc;
     for (int64_t t = 0; t < T; t++) memcpy(h + t * H, embed + tokens[t] * H, (size_t)H * 2);
 
     for (int64_t l = 0; l < m->layers; l++) {
@@ -292,7 +400,7 @@ int moespec_step(const Model *m, const int64_t *tokens, int64_t T, int64_t start
         uint16_t *keys = (uint16_t *)P(cache[2 * l]), *values = (uint16_t *)P(cache[2 * l + 1]);
         for (int64_t t = 0; t < T; t++)
             rms_norm(h + t * H, (const uint16_t *)P(L->input_norm), H, m->eps, x + t * H);
-        if ((rc = product(m, &L->qkv, x, T, qkv, threads))) goto done;
+        if ((rc = product(m, &L->qkv, x, T, qkv, threads))) return rc;
         for (int64_t t = 0; t < T; t++) {
             uint16_t *row = qkv + t * QKV; /* q heads, k heads, v heads */
             if (L->qk_norm == 1)
@@ -303,36 +411,33 @@ int moespec_step(const Model *m, const int64_t *tokens, int64_t T, int64_t start
                 rms_norm(row, (const uint16_t *)P(L->q_norm), N * D, m->eps, row);
                 rms_norm(row + N * D, (const uint16_t *)P(L->k_norm), K * D, m->eps, row + N * D);
             }
-            for (int64_t j = 0; j < N + K; j++)
-                rotate(row + j * D, cos + t * m->rotary, sin + t * m->rotary, m->rotary);
-            int64_t at = start + t;
+            for (int64_t j = 0; j < N + K; j++) rotate(row + j * D, cos + t * R, sin + t * R, R);
             for (int64_t c = 0; c < K; c++) {
-                memcpy(keys + (c * capacity + at) * D, row + (N + c) * D, (size_t)D * 2);
-                memcpy(values + (c * capacity + at) * D, row + (N + K + c) * D, (size_t)D * 2);
-            }
-            /* row t sees positions 0 .. start + t, as a pass of its own would */
-            if (((attend_fn)P(m->attend))(row, keys, values, att + t * N * D, N, N / K, at + 1, D,
-                                          D, capacity * D, D, capacity * D, D, m->scale,
-                                          attend_threads)) {
-                rc = 1;
-                goto done;
+                memcpy(keys + (c * capacity + start + t) * D, row + (N + c) * D, (size_t)D * 2);
+                memcpy(values + (c * capacity + start + t) * D, row + (N + K + c) * D,
+                       (size_t)D * 2);
             }
         }
-        if ((rc = product(m, &L->o, att, T, y, threads))) goto done;
-        for (int64_t i = 0; i < T * H; i++) h[i] = bf(fl(h[i]) + fl(y[i]));
+        /* row t sees positions 0 .. start + t, as a pass of its own would */
+        if (((attend_rows_fn)P(m->attend_rows))(qkv, QKV, T, keys, values, att, N * D, N, N / K,
+                                                start + 1, D, D, capacity * D, D, capacity * D,
+                                                D, m->scale, attend_threads))
+            return 1;
+        if ((rc = product(m, &L->o, att, T, y, threads))) return rc;
+        add_rows(h, y, T * H);
         for (int64_t t = 0; t < T; t++)
             rms_norm(h + t * H, (const uint16_t *)P(L->post_norm), H, m->eps, x + t * H);
 
         if (!L->experts) { /* a dense MLP */
             const Product *gu = (const Product *)P(L->gate_up), *dn = (const Product *)P(L->down);
-            if ((rc = product(m, gu, x, T, hid, threads))) goto done;
+            if ((rc = product(m, gu, x, T, hid, threads))) return rc;
             swiglu(hid, T, gu->out / 2, act);
-            if ((rc = product(m, dn, act, T, y, threads))) goto done;
-            for (int64_t i = 0; i < T * H; i++) h[i] = bf(fl(h[i]) + fl(y[i]));
+            if ((rc = product(m, dn, act, T, y, threads))) return rc;
+            add_rows(h, y, T * H);
             continue;
         }
         const int64_t k = L->top_k;
-        if ((rc = product(m, &L->router, x, T, rl, threads))) goto done;
+        if ((rc = product(m, &L->router, x, T, rl, threads))) return rc;
         for (int64_t t = 0; t < T; t++)
             route(rl + t * L->experts, L->experts, k, (int)L->renormalize, p, sid + t * k,
                   w + t * k);
@@ -343,25 +448,87 @@ int moespec_step(const Model *m, const int64_t *tokens, int64_t T, int64_t start
             }
         if ((rc = moe_experts(m, L, x, T, sid, w, dedup, hid, act, xg, meta, plist, h,
                               threads)))
-            goto done;
+            return rc;
     }
     int64_t first = all_logits ? 0 : T - 1, rows = T - first;
     for (int64_t t = first; t < T; t++)
         rms_norm(h + t * H, (const uint16_t *)P(m->norm), H, m->eps, x + (t - first) * H);
-    if ((rc = product(m, &m->head, x, rows, lm, threads))) goto done;
+    if ((rc = product(m, &m->head, x, rows, lm, threads))) return rc;
     for (int64_t i = 0; i < rows * m->vocab; i++) logits[i] = fl(lm[i]);
-done:
-    for (int i = 0; i < nb; i++) free(buf[i]);
-    free(p), free(w), free(sid), free(meta), free(plist);
+    return 0;
+}
+
+#define STEP_PARAMS                                                                          \
+    const Model *m, const int64_t *tokens, int64_t T, int64_t start, const uint64_t *cache,  \
+        int64_t capacity, const uint16_t *cos, const uint16_t *sin, int dedup, int all_logits, \
+        float *logits, int64_t *ids, float *weights, int threads, int attend_threads,        \
+        char *base, const int64_t *at
+#define STEP_ARGS                                                                            \
+    m, tokens, T, start, cache, capacity, cos, sin, dedup, all_logits, logits, ids, weights, \
+        threads, attend_threads, base, at
+#define EXPERTS_PARAMS                                                                       \
+    const Model *m, const Layer *L, const uint16_t *x, int64_t T, const int64_t *sid,        \
+        const float *w, int dedup, uint16_t *hid, uint16_t *act, uint16_t *xg, int64_t *meta, \
+        const Product **plist, uint16_t *h, int threads
+#define EXPERTS_ARGS m, L, x, T, sid, w, dedup, hid, act, xg, meta, plist, h, threads
+#define STEP_VARIANT(SUFFIX, TARGET)                                                         \
+    TARGET __attribute__((noinline)) static int step_##SUFFIX(STEP_PARAMS) {                 \
+        return step_body(STEP_ARGS);                                                         \
+    }                                                                                        \
+    TARGET __attribute__((noinline)) static int experts_##SUFFIX(EXPERTS_PARAMS) {           \
+        return moe_experts(EXPERTS_ARGS);                                                    \
+    }
+STEP_VARIANT(sse2, )
+STEP_VARIANT(avx2, __attribute__((target("avx2,fma"))))
+#ifndef MOESPEC_NO_AVX512
+STEP_VARIANT(avx512, __attribute__((target("avx512f,avx512bw,avx512vl"))))
+#else
+#define step_avx512 step_avx2
+#define experts_avx512 experts_avx2
+#endif
+
+void moespec_scratch_free(Scratch *s) {
+    free(s->p);
+    s->p = NULL, s->bytes = 0;
+}
+
+/* The pass (`step_body`) on the model's persistent buffers where it can take them, its
+ * elementwise loops in the model's instructions. Returns 3 for a token id outside the
+ * vocabulary (nothing written). */
+int moespec_step(const Model *m, const int64_t *tokens, int64_t T, int64_t start,
+                 const uint64_t *cache, int64_t capacity, const uint16_t *cos,
+                 const uint16_t *sin, int dedup, int all_logits, float *logits, int64_t *ids,
+                 float *weights, int threads, int attend_threads) {
+    for (int64_t t = 0; t < T; t++)
+        if (tokens[t] < 0 || tokens[t] >= m->vocab) return 3;
+    int64_t at[B_COUNT], bytes = layout(m, T, at);
+    Scratch *sc = (Scratch *)P(m->scratch);
+    char *base = NULL;
+    int held = sc && !__atomic_exchange_n(&sc->busy, 1, __ATOMIC_ACQUIRE);
+    if (held && sc->bytes < bytes) {
+        free(sc->p);
+        sc->bytes = 0;
+        if ((sc->p = aligned_alloc(64, (size_t)bytes))) sc->bytes = bytes;
+    }
+    base = held ? (char *)sc->p : (char *)aligned_alloc(64, (size_t)bytes);
+    int rc = 1;
+    if (base) {
+        int (*fn)(STEP_PARAMS) = m->isa == 2 ? step_avx512 : m->isa == 1 ? step_avx2 : step_sse2;
+        rc = fn(STEP_ARGS);
+    }
+    if (held)
+        __atomic_store_n(&sc->busy, 0, __ATOMIC_RELEASE);
+    else
+        free(base);
     return rc;
 }
 
 /* The expert operation of one MoE layer alone, as the model pass runs it (`moe_experts`): the
  * calibration times this, so that its fits describe the engine's own expert operation. x
  * [T, H] bf16 (H = m->hidden); ids, weights [T][L->top_k]; out [T, H] bf16 (overwritten with
- * each row's combined expert outputs). Only m's hidden size, product functions and small-work
- * threshold are read. Returns 0, 1 without memory, 2 when a native loop refused its shapes,
- * 4 for an expert id outside 0 .. L->experts - 1 (nothing read). */
+ * each row's combined expert outputs). Only m's hidden size, product functions, instructions
+ * and small-work threshold are read. Returns 0, 1 without memory, 2 when a native loop refused
+ * its shapes, 4 for an expert id outside 0 .. L->experts - 1 (nothing read). */
 int moespec_experts(const Model *m, const Layer *L, const uint16_t *x, int64_t T,
                     const int64_t *ids, const float *weights, int dedup, uint16_t *out,
                     int threads) {
@@ -377,8 +544,10 @@ int moespec_experts(const Model *m, const Layer *L, const uint16_t *x, int64_t T
     int rc = 1;
     if (hid && act && xg && meta && plist) {
         memset(out, 0, (size_t)(T * H) * 2); /* bf16 +0: the sum is each row's rounded output */
-        rc = moe_experts(m, L, x, T, ids, weights, dedup, hid, act, xg, meta, plist, out,
-                         threads);
+        int (*fn)(EXPERTS_PARAMS) = m->isa == 2   ? experts_avx512
+                                    : m->isa == 1 ? experts_avx2
+                                                  : experts_sse2;
+        rc = fn(m, L, x, T, ids, weights, dedup, hid, act, xg, meta, plist, out, threads);
     }
     free(hid), free(act), free(xg), free(meta), free(plist);
     return rc;

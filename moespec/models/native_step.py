@@ -22,17 +22,31 @@ full attention (no sliding window, sinks, biases, output gate or clipping), q/k 
 over the projection or none, and softmax top-k routing (renormalised or not) over plain SwiGLU
 experts without shared experts, or dense SwiGLU MLPs. Anything else runs eagerly, and
 `report()` says why.
+
+What a pass of n tokens can cost, on the demo target (2-core AVX-512-BF16 host, 1 thread;
+its 29 MB of weights stay in the 300 MiB L3, which one thread reads at 21-22 GB/s): the dense
+weights (attention, routers, head: 3.8 MB) and each distinct expert of a layer (393 KB) are
+read once per pass; random tokens route to 8, 12.2, 15.5, 21.9 and 29.0 distinct experts over
+the 4 layers at n = 1, 2, 3, 5, 9, so 6.9, 8.6, 9.9, 12.4 and 15.2 MB: bytes alone allow
+tau(n)/tau(1) of 1.24, 1.42, 1.78 and 2.19. But every row costs 3.47M multiply-adds (the
+head 1.05M of them), and `vdpbf16ps` peaks near 31 GMAC/s here (a [4096, 256] product: 109 us
+at 1 row, 312 at 9), so a pass of 9 takes at least 1.0 ms of products against 0.32 ms of
+bytes for one token: tau(9)/tau(1) >= ~3 with these loops, 2.5 or less only with a denser
+multiply (AMX tiles, which would change every row's bits together). The demo draft reads
+5.0 MB a step (its 2 MB tied head included) against the target's 6.9: 0.72 of a target step
+by bytes, so a draft step of 0.35 of the target's is out of reach of any loop.
 """
 
 import ctypes
+import weakref
 
 import torch
 
 from moespec.kernels import native as nat
-from moespec.kernels.isa import this_cpu
+from moespec.kernels.isa import cpu_flags, this_cpu
 from moespec.kernels.native import PairWeight
 from moespec.kernels.quant import Int8Weight
-from moespec.kernels.threads import SMALL_WORK_BYTES, threads_for
+from moespec.kernels.threads import SMALL_WORK_BYTES
 
 KERNELS = ("slot", "dedup")  # the expert kernels a native pass computes (the same bits)
 QK_NORMS = {"none": 0, "head": 1, "projection": 2}
@@ -86,7 +100,34 @@ class _Model(ctypes.Structure):
         ("int8_batch", _U64),
         ("attend", _U64),
         ("small_bytes", _I64),
+        ("attend_rows", _U64),
+        ("isa", _I64),
+        ("scratch", _U64),
     ]
+
+
+class _Scratch(ctypes.Structure):
+    """step.c's Scratch: a pass's buffers, kept from pass to pass."""
+
+    _fields_ = [("p", ctypes.c_void_p), ("bytes", _I64), ("busy", _I64)]
+
+
+# moespec_step(model, tokens, T, start, cache, capacity, cos, sin, dedup, all_logits, logits,
+# ids, weights, threads, attend_threads): addresses as integers, typed once
+_STEP = ctypes.CFUNCTYPE(
+    ctypes.c_int,
+    *[_U64, _U64, _I64, _I64, _U64, _I64, _U64, _U64],
+    *[ctypes.c_int] * 2,
+    *[_U64] * 3,
+    *[ctypes.c_int] * 2,
+)
+
+
+def _isa(family: str) -> int:
+    """step.c's elementwise instructions for a CPU family: 2 AVX-512, 1 AVX2 (with FMA), 0."""
+    if family in ("amx", "avx512-bf16", "avx512"):
+        return 2
+    return 1 if family == "avx2" and "fma" in cpu_flags() else 0
 
 
 def _native_weight(w) -> bool:
@@ -249,6 +290,7 @@ class NativeExperts(_Weights):
             bf16_batch=functions["bf16"],
             int8_batch=functions["int8"],
             small_bytes=SMALL_WORK_BYTES,
+            isa=_isa(family or this_cpu()[2]),
         )
         self.openmp = nat.native().openmp
 
@@ -293,8 +335,10 @@ class NativeStep(_Weights):
         c = model.config
         lib = nat.native().lib
         family = family or this_cpu()[2]
-        self._fn = lib.moespec_step
-        self._fn.restype = ctypes.c_int
+        self._fn = _STEP(("moespec_step", lib))
+        # the pass's buffers, grown to its largest pass and freed with this object
+        self._scratch = _Scratch()
+        weakref.finalize(self, lib.moespec_scratch_free, ctypes.byref(self._scratch))
         layers = (_Layer * len(model.layers))()
         for i, layer in enumerate(model.layers):
             layers[i] = self._layer(layer)
@@ -318,13 +362,23 @@ class NativeStep(_Weights):
             int8_batch=functions["int8"],
             attend=ctypes.cast(getattr(lib, nat.ATTENTION[family]), ctypes.c_void_p).value,
             small_bytes=SMALL_WORK_BYTES,
+            attend_rows=ctypes.cast(
+                getattr(lib, nat.ATTENTION[family] + "_rows"), ctypes.c_void_p
+            ).value,
+            isa=_isa(family),
+            scratch=ctypes.addressof(self._scratch),
         )
+        self._model = ctypes.addressof(self.model)
         self.vocab = c.vocab_size
         self.rotary = model.rotary
+        self._tables, self._cos, self._sin, self._positions = None, 0, 0, 0
+        self._row_bytes = c.rotary_dims * 2  # a row of the bf16 rotary tables
+        # bytes one layer's attention reads per cached position (batch 1, bf16 keys and values)
+        self._position_bytes = 2 * c.num_kv_heads * c.head_dim * 2
         self.moe_layers = [i for i, x in enumerate(self._layers) if x.experts]
         self.top_k = max((self._layers[i].top_k for i in self.moe_layers), default=1)
         self.openmp = nat.native().openmp
-        self._cache_key, self._cache_ptrs = None, None
+        self._cache_key, self._cache_ptrs, self._cache_address = None, None, 0
         self.passes = 0  # passes run natively
 
     def _layer(self, layer) -> _Layer:
@@ -354,28 +408,42 @@ class NativeStep(_Weights):
             out.down = self._products([mlp.down])
         return out
 
-    def _cache_addresses(self, cache):
+    def _cache_addresses(self, cache) -> int:
         # every layer's address, every pass: a new cache can reuse an old one's id and the
         # address of its first tensor while its other tensors lie elsewhere
-        tensors = [t for pair in zip(cache.keys, cache.values, strict=True) for t in pair]
-        key = tuple(t.data_ptr() for t in tensors)
+        key = [t.data_ptr() for t in cache.keys] + [t.data_ptr() for t in cache.values]
         if key != self._cache_key:
+            tensors = [t for pair in zip(cache.keys, cache.values, strict=True) for t in pair]
             if cache.keys[0].shape[0] != 1 or not all(
                 t.is_contiguous() and t.dtype == torch.bfloat16 for t in tensors
             ):
                 raise ValueError("the native pass wants a contiguous bf16 cache of batch 1")
-            self._cache_ptrs = (_U64 * len(key))(*key)
+            self._cache_ptrs = (_U64 * len(tensors))(*[t.data_ptr() for t in tensors])
+            self._cache_address = ctypes.addressof(self._cache_ptrs)
             self._cache_key = key
-        return self._cache_ptrs
+        return self._cache_address
+
+    def _rotary_tables(self, positions: int) -> None:
+        """Hold the rotary tables for `positions` (and their addresses): a pass reads its rows
+        from the start of its position, with no slicing of tensors per pass."""
+        positions = max(positions, 2 * self._positions, 256)  # grown as a cache grows
+        self._tables = self.rotary.tables(0, positions)  # kept alive while its rows are read
+        cos, sin = self._tables
+        self._cos, self._sin, self._positions = cos.data_ptr(), sin.data_ptr(), cos.shape[0]
 
     def __call__(self, tokens: torch.Tensor, cache, *, kernel: str, all_logits: bool, sink=None):
+        # every decode step runs this: what does not change is computed once (the structures'
+        # and tables' addresses, the function's types), the rest in plain integers
         length = tokens.shape[-1]
         if not 1 <= length <= MAX_TOKENS:
             raise ValueError(f"a native pass holds 1-{MAX_TOKENS} tokens, got {length}")
-        tokens = tokens.reshape(-1).to(torch.int64).contiguous()
+        if tokens.dtype != torch.int64 or not tokens.is_contiguous():
+            tokens = tokens.to(torch.int64).contiguous()
         start = cache.length
+        end = start + length
         cache.reserve(length)
-        cos, sin = self.rotary.tables(start, length)
+        if end > self._positions:
+            self._rotary_tables(end)
         rows = length if all_logits else 1
         logits = torch.empty(1, rows, self.vocab, dtype=torch.float32)
         ids = weights = None
@@ -384,23 +452,23 @@ class NativeStep(_Weights):
             ids = torch.zeros(n, length, self.top_k, dtype=torch.int64)
             weights = torch.zeros(n, length, self.top_k, dtype=torch.float32)
         threads = torch.get_num_threads() if self.openmp else 1
-        attend = threads_for(cache.layer_bytes(start + length), threads)
+        attend = threads if end * self._position_bytes >= SMALL_WORK_BYTES else 1
         rc = self._fn(
-            ctypes.byref(self.model),
-            ctypes.c_void_p(tokens.data_ptr()),
-            _I64(length),
-            _I64(start),
+            self._model,
+            tokens.data_ptr(),
+            length,
+            start,
             self._cache_addresses(cache),
-            _I64(cache.capacity),
-            ctypes.c_void_p(cos.data_ptr()),
-            ctypes.c_void_p(sin.data_ptr()),
-            ctypes.c_int(kernel == "dedup"),
-            ctypes.c_int(bool(all_logits)),
-            ctypes.c_void_p(logits.data_ptr()),
-            ctypes.c_void_p(0 if ids is None else ids.data_ptr()),
-            ctypes.c_void_p(0 if weights is None else weights.data_ptr()),
-            ctypes.c_int(threads),
-            ctypes.c_int(attend),
+            cache.capacity,
+            self._cos + start * self._row_bytes,
+            self._sin + start * self._row_bytes,
+            kernel == "dedup",
+            all_logits,
+            logits.data_ptr(),
+            0 if ids is None else ids.data_ptr(),
+            0 if weights is None else weights.data_ptr(),
+            threads,
+            attend,
         )
         if rc == 3:
             raise IndexError(f"token ids outside the vocabulary (0-{self.vocab - 1}) in {tokens}")
