@@ -157,6 +157,7 @@ def summarise(prompts, arms, rounds) -> dict:
                 "best_fixed": best,
                 "auto_over_best_fixed": auto_vs_best,
                 "auto_drafters": runs[0]["auto"]["drafters"],
+                "auto_exploring_share": statistics.median(run["auto"]["exploring"] for run in runs),
                 "same_tokens_as_plain": {
                     arm: all(run[arm]["same"] for run in runs) for arm in arms
                 },
@@ -170,6 +171,10 @@ def summarise(prompts, arms, rounds) -> dict:
         "prompts": per_prompt,
         "scores": {
             "auto_at_least_0.97x_plain_everywhere": all(a >= NEVER_LOSES for a in auto),
+            "auto_exploring_share_median_max": [
+                statistics.median(p["auto_exploring_share"] for p in per_prompt),
+                max(p["auto_exploring_share"] for p in per_prompt),
+            ],
             "auto_cold_median_speedup": statistics.median(
                 p["speedup"]["auto-cold"] for p in per_prompt
             ),
@@ -287,6 +292,8 @@ def main(argv=None) -> int:
                 runs[arm] = {
                     "tps": summarize(records)["tokens_per_second"],
                     "tokens": [t for r in records for t in r.tokens],
+                    "exploring": summarize(records)["exploring_steps"]
+                    / max(summarize(records)["decode_steps"], 1),
                     "drafters": {
                         str(name): sum(r.drafter == name for r in records[1:])
                         for name in ("suffix", "model", "lookup", None)

@@ -91,3 +91,30 @@ def test_another_engine_is_another_entry(monkeypatch, tmp_path):
     source.write_text("/* another engine */")
     monkeypatch.setattr("moespec.kernels.native.SOURCES", (source,))
     assert open_entry().key != before
+
+
+def test_a_server_starts_from_remembered_times_and_keeps_its_own(
+    remembered_measurements, checkpoint_dir
+):
+    pytest.importorskip("fastapi")
+    from fastapi.testclient import TestClient
+
+    from moespec.serve.app import create_app
+    from tests.serving import tiny_engine
+
+    target, _ = checkpoint_dir("qwen3_moe")
+    engine = tiny_engine(target, draft="suffix", remember=True)
+    try:
+        assert engine.speculation.verify_times.known() == {}  # nothing remembered yet
+        body = {"prompt": "w1 w2 w3 w1 w2 w3 w1", "max_tokens": 16, "temperature": 0}
+        assert TestClient(create_app(engine)).post("/v1/completions", json=body).status_code == 200
+    finally:
+        engine.close()
+    (entry,) = json.loads(remembered_measurements.read_text())["entries"].values()
+    assert "1" in entry["verify"]
+    again = tiny_engine(target, draft="suffix", remember=True)
+    try:
+        known = again.speculation.verify_times.known()
+        assert known == {int(n): s for n, s in entry["verify"].items()}
+    finally:
+        again.close()

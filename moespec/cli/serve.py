@@ -59,6 +59,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="N",
         help="the most max_tokens a request may ask for (1024)",
     )
+    parser.add_argument(
+        "--no-cache",
+        action="store_true",
+        help="neither read nor write the measurements earlier runs remembered",
+    )
 
 
 def run(args: argparse.Namespace) -> int:
@@ -87,5 +92,6 @@ def run(args: argparse.Namespace) -> int:
         dtype=args.dtype,
         max_queue=args.max_queue,
         max_tokens_limit=args.max_tokens_limit,
+        remember=not args.no_cache,
     )
     return 0

@@ -46,6 +46,9 @@ class StepRecord:
     draft_seconds: float = 0.0
     verify_seconds: float = 0.0
     finish_reason: str | None = None  # "stop", "length" on the last step
+    # a step bought to measure rather than because it pays ("warm-up", "probe", "neighbour":
+    # moespec.decoding.draft_policy.Plan.probe), None for a step that pays on the evidence
+    explore: str | None = None
     # Offloaded experts (moespec.offload): needed experts found cached and arrived, not so,
     # bytes copied into the expert cache, experts computed on the CPU.
     hits: int = 0
@@ -185,6 +188,7 @@ def generate(
             ),
             draft_seconds=verify_start - start,
             verify_seconds=verify_seconds,
+            explore=proposal.probe if proposal is not None and drafted else None,
             **(offload.take_stats() if offload is not None else {}),
         )
 
@@ -205,6 +209,7 @@ def summarize(records: Sequence[StepRecord]) -> dict:
             sum(r.accepted for r in decode) / len(decode) if decode else None
         ),
         "mean_tokens_per_step": decode_tokens / len(decode) if decode else None,
+        "exploring_steps": sum(r.explore is not None for r in decode),
         "prefill_seconds": sum(r.seconds for r in prefill_records),
         "decode_seconds": decode_seconds,
         "tokens_per_second": decode_tokens / decode_seconds if decode_seconds > 0 else None,

@@ -118,13 +118,18 @@ class Remembered:
         return data["entries"]
 
     # -------------------------------------------------------------- into a generation
-    def seed(self, speculation) -> None:
-        """Put the remembered tau(n), h(k) and acceptances into fresh speculation state."""
+    def seed_verify_times(self, medians) -> None:
+        """Put the remembered tau(n) into running medians (a server's, shared by requests)."""
+        if verify := _floats(self.entry.get("verify")):
+            medians.seed(verify)
+
+    def seed(self, speculation, verify: bool = True) -> None:
+        """Put the remembered tau(n) (unless `verify` is False: shared medians seeded once),
+        h(k) and acceptances into fresh speculation state."""
         if not self.entry:
             return
-        verify = _floats(self.entry.get("verify"))
         if verify:
-            speculation.verify_times.seed(verify)
+            self.seed_verify_times(speculation.verify_times)
         for name, option in speculation.options.items():
             kept = self.entry.get("drafters", {}).get(name)
             if not isinstance(kept, dict):

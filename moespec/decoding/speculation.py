@@ -74,6 +74,7 @@ class Proposal:
     draft: Draft
     shadows: dict[str, list[int]]
     seconds: float = 0.0
+    probe: str | None = None  # why the step explores ("warm-up", "probe", "neighbour"), or None
 
 
 class Speculation:
@@ -200,7 +201,7 @@ class Speculation:
             start = time.perf_counter()
             draft = option.drafter.propose(context, plan.draft_length)
             seconds[name] = time.perf_counter() - start
-        return Proposal(name, plan.draft_length, draft, shadows, seconds[name])
+        return Proposal(name, plan.draft_length, draft, shadows, seconds[name], plan.probe)
 
     def _look_due(self, option: Option) -> bool:
         """Whether a greedy model drafter's first look runs now. It waits while the verify

@@ -136,6 +136,7 @@ class Engine:
                 self.running.cancel()
             self.condition.notify_all()
         self.worker.join(timeout=60)
+        self.speculation.write_back()
 
     def render_metrics(self) -> str:
         with self.condition:

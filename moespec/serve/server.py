@@ -20,6 +20,7 @@ def load_engine(
     dtype: str = "bf16",
     max_queue: int = 16,
     max_tokens_limit: int = 1024,
+    remember: bool = False,
 ) -> Engine:
     """An engine as `moespec generate` would decode: the demo target drafted by the demo draft
     when no model is given; draft "none" (or no draft with another model) decodes plainly."""
@@ -60,6 +61,14 @@ def load_engine(
         max_draft_length=max_draft_length,
         plan=loaded_plan,
     )
+    if remember and draft is not None:
+        import torch
+
+        from moespec.decoding.remembered import Remembered
+
+        speculation.remember(
+            Remembered.open(model, weights=None, dtype=dtype, threads=torch.get_num_threads())
+        )
     special = {"eos_token": tokenizer.decode(list(target.config.eos_token_ids[:1]))}
     return Engine(
         target,

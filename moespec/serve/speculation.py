@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 
 from moespec.decoding import ModelDrafter, PromptLookupDrafter, Sampler
 from moespec.decoding.draft_policy import RunningMedians
+from moespec.decoding.remembered import Remembered
 from moespec.decoding.setup import (
     draft_byte_ratio,
     draft_length_policy,
@@ -45,6 +46,20 @@ class Speculation:
     draft_byte_ratio: float | None = None  # the draft model's bytes per token over the target's
     verify_times: RunningMedians = field(default_factory=RunningMedians)
     corpus: CorpusIndex | None = None  # the suffix drafter's corpus files, indexed
+    remembered: Remembered | None = None  # measurements of earlier runs (`remember`)
+    last: Choice | None = None  # the latest request's speculation
+
+    def remember(self, remembered: Remembered) -> None:
+        """Start from remembered measurements: the shared tau(n) now, each request's drafters
+        from them; `write_back` keeps what the server measured."""
+        self.remembered = remembered
+        remembered.seed_verify_times(self.verify_times)
+
+    def write_back(self) -> None:
+        """Remember what the server measured (its tau(n), the latest request's drafters)."""
+        if self.remembered is not None and self.last is not None:
+            self.remembered.take(self.last)
+            self.remembered.save()
 
     @property
     def name(self) -> str:
@@ -103,7 +118,11 @@ class Speculation:
             if isinstance(drafter, ModelDrafter):
                 policy.draft_byte_ratio = self.draft_byte_ratio
             options[drafter.name] = Option(drafter, policy)
-        return Choice(options)
+        choice = Choice(options)
+        if self.remembered is not None:
+            self.remembered.seed(choice, verify=False)
+        self.last = choice
+        return choice
 
 
 def build_speculation(
