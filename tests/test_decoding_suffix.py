@@ -68,6 +68,8 @@ def test_a_repeated_phrase_is_continued_and_a_loop_goes_round():
     loop = [7, 8, 9] * 4
     assert SuffixDrafter().propose(loop, 8).tokens == [7, 8, 9, 7, 8, 9, 7, 8]
     assert SuffixDrafter().propose([1, 2, 3], 4).tokens == []  # nothing repeats
+    assert SuffixDrafter().propose([5], 4).tokens == []  # shorter than any match
+    assert SuffixDrafter().propose([], 4).tokens == []
 
 
 def test_survival_follows_how_often_the_continuation_followed():

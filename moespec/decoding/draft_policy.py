@@ -311,7 +311,9 @@ class DraftLengthPolicy:
         if k_max == 0:
             return Plan(0, self._throughput(table, 0))
         if self.plan_verify_times is None and self.given_step_times is None:
-            warm = self._warm_up(k_max)
+            # a drafter with its own survival grows its drafts one pass size at a time (below)
+            # and needs no far end measured first
+            warm = self._warm_up(k_max, far=survival is None)
             if warm is not None:
                 return Plan(warm, self._throughput(table, warm, survival), "warm-up")
         if table is None:
@@ -384,13 +386,13 @@ class DraftLengthPolicy:
             return (1.0 + sum(survival[:k])) / table[k]
         return float(expected_tokens(min(self.acceptance_estimate, 0.999), k)) / table[k]
 
-    def _warm_up(self, k_max: int) -> int | None:
+    def _warm_up(self, k_max: int, far: bool = True) -> int | None:
         """Pass sizes measured before trusting interpolation, a few tries each (a drafter may
         propose fewer tokens than asked): 1 and 2 first; k_max + 1 once k* >= 2 has been
         chosen on the evidence (until then, linear extrapolation from 1 and 2, which
         overestimates a deduplicating pass, errs towards drafting less)."""
         known = self.verify_times.known()
-        ends = (0, 1, k_max) if self.has_paid else (0, 1)
+        ends = (0, 1, k_max) if self.has_paid and far else (0, 1)
         for k in dict.fromkeys(ends):
             if k + 1 not in known and self.warm_tries[k] < WARM_UP_TRIES:
                 return k
