@@ -240,18 +240,20 @@ def worker_decode(args) -> dict:
     return record
 
 
-SPECULATION = ("oracle:0.6", "oracle:0.9", "lookup")
+SPECULATION = ("oracle:0.6", "oracle:0.9", "lookup", "suffix")
+OWN_LENGTH = ("suffix",)  # drafters whose draft length is their own (from their counts)
 DRAFT_LENGTH = 4
 SPECULATION_ROUNDS = 2
 
 
 def speculation(model, prompt, tokens: int, threads: int) -> dict:
-    """Greedy speculative decoding at k = DRAFT_LENGTH against plain decoding, in the same
+    """Greedy speculative decoding at k = DRAFT_LENGTH (the suffix drafter: its own length,
+    from its counts and the measured verify times) against plain decoding, in the same
     process, the arms alternated over SPECULATION_ROUNDS rounds: tokens/s as (time of N + 1
     tokens - time of 1) / N, accepted drafts per step, and the paired ratio to plain. The
     drafters that apply to random weights: the oracle (the target's own greedy continuation,
-    each draft wrong with probability 1 - a; its reference is made before the clock starts)
-    and prompt lookup."""
+    each draft wrong with probability 1 - a; its reference is made before the clock starts),
+    prompt lookup and the suffix drafter."""
     import torch
 
     from moespec.decoding import DraftLengthPolicy, Sampler, generate
@@ -271,7 +273,7 @@ def speculation(model, prompt, tokens: int, threads: int) -> dict:
                 max_tokens=n,
                 dtype=model.dtype,
             )
-            policy = DraftLengthPolicy(DRAFT_LENGTH)
+            policy = DraftLengthPolicy("auto" if spec in OWN_LENGTH else DRAFT_LENGTH)
         start = time.perf_counter()
         records = list(generate(model, prompt, max_tokens=n, drafter=drafter, draft_policy=policy))
         seconds = time.perf_counter() - start

@@ -101,6 +101,22 @@ def test_a_level_learns_its_acceptance_from_outcomes():
     assert sum(restored.remember(8.0)[0]) <= 8.0 + 1e-9
 
 
+def test_a_level_whose_counts_overpromise_is_calibrated_down():
+    drafter = SuffixDrafter()
+    context = [5, 6, 7, 0, 1, 2, 3, 4, 6]  # "6" was followed by "7" once
+    first = drafter.propose(context, 1).survival[0]
+    for _ in range(30):  # ... and every such draft is rejected
+        drafter.propose(context, 1)
+        drafter.learn(0, 1)
+    assert drafter.propose(context, 1).survival[0] < first / 3
+    # a level whose drafts are accepted keeps its chances
+    kept = SuffixDrafter()
+    for _ in range(30):
+        kept.propose(context, 1)
+        kept.learn(1, 0)
+    assert kept.propose(context, 1).survival[0] >= first
+
+
 def test_the_draft_length_follows_the_survival():
     times = [1.0, 1.2, 1.4, 1.6, 1.8]  # V(k)
     policy = DraftLengthPolicy("auto", max_draft_length=4, step_times=times)

@@ -460,7 +460,7 @@ def test_the_factory_gives_a_draft_model_its_byte_ratio(checkpoint_dir):
     policies = make().policies
     draft = make.models["model"]
     assert policies["model"].draft_byte_ratio == draft.step_bytes() / target.step_bytes()
-    assert policies["lookup"].draft_byte_ratio is None  # lookup reads no weights
+    assert policies["suffix"].draft_byte_ratio is None  # the suffix drafter reads no weights
     # one pass of one token: the dense bytes and top-k experts of each MoE layer
     c = target.config
     top_k = sum(c.top_k * b.experts.bytes_per_expert for b in target.moe_blocks.values())
@@ -495,4 +495,4 @@ def test_the_server_gives_a_draft_model_its_byte_ratio_too(checkpoint_dir):
     policies = speculation.drafter(Sampler(), [1, 2, 3], 8, seed=0).policies
     ratio = draft_byte_ratio(speculation.draft_model, target)
     assert policies["model"].draft_byte_ratio == ratio and ratio > 0
-    assert policies["lookup"].draft_byte_ratio is None
+    assert policies["suffix"].draft_byte_ratio is None

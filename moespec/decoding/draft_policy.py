@@ -17,13 +17,14 @@ target a draft-model probe (a catch-up of 32 tokens) costs 2 ms, seven plain ste
 doubling gaps alone, probes took 25 ms of 757 ms over eight 256-token generations.
 """
 
+import math
 import statistics
 from collections import defaultdict, deque
 from typing import NamedTuple
 
 from moespec.costmodel import expected_tokens
 
-RETABLE = 0.02  # relative change of a running median that updates it (see RunningMedians.add)
+RETABLE = 0.05  # relative change of a running median that updates it (see RunningMedians.add)
 RETABLE_SECONDS = 2e-6  # and absolute: lookup's h(k) of some 10 us moved by 2% every step
 WARM_UP_TRIES = 4  # steps spent at most on measuring each warm-up pass size
 STEADY_FEED = 2  # a draft pass feeding more tokens than this was catching up (not h(k))
@@ -238,6 +239,7 @@ class DraftLengthPolicy:
         self.has_paid = False  # k* >= 2 chosen on the evidence: the far end is worth a step
         self.warm_tries = defaultdict(int)
         self._table_key = self._table = None
+        self._idle = None  # (what it depends on, the idle streak it holds below, the plan)
 
     @property
     def acceptance_estimate(self) -> float:
@@ -304,6 +306,10 @@ class DraftLengthPolicy:
         k drafts are then 1 + S_1 + ... + S_k instead of G_a(k), and no probe is bought (such a
         drafter proposes every step and is scored whether it drafts or not)."""
         k_max = self.max_draft_length if limit is None else min(self.max_draft_length, limit)
+        if survival is None and self._idle is not None:  # k* = 0 until something changes
+            key, due, plan = self._idle
+            if self.idle_streak < due and key == self._idle_key(k_max):
+                return plan
         table = self.step_times()
         if self.fixed is not None:
             k = min(self.fixed, k_max) if limit is not None else self.fixed
@@ -330,7 +336,12 @@ class DraftLengthPolicy:
         if best == 0:
             if self.probe_due(table):
                 return Plan(1, value, "probe")
-            return Plan(0, value)
+            # the same plan until the costs, the evidence or the probe schedule change, or
+            # the plain steps earn a probe: a drafter that cannot pay (the demo's draft
+            # model) cost 15-20 us a choice to plan again, a tenth of what choosing costs
+            plan = Plan(0, value)
+            self._idle = self._idle_key(k_max), self._probe_due_at(table), plan
+            return plan
         if self.since_probe + 1 >= self.probe_interval:
             neighbour = best - 1 if self.probes % 2 == 0 else best + 1
             return Plan(min(max(neighbour, 0), k_max), value, "neighbour")
@@ -351,6 +362,28 @@ class DraftLengthPolicy:
             return True
         budget = HOPELESS_BUDGET if self.hopeless(table) else EXPLORE_BUDGET
         return self.idle_streak * table[0] * budget >= cost
+
+    def _idle_key(self, k_max: int) -> tuple:
+        """What a plan of k* = 0 depends on, but for the plain steps since the last probe."""
+        return (
+            self.verify_times.version,
+            self.draft_times.version,
+            k_max,
+            self.accepted,
+            self.rejected,
+            self.probe_gap,
+            self.probe_seconds,
+        )
+
+    def _probe_due_at(self, table: list[float]) -> float:
+        """The plain steps since the last evidence at which `probe_due` turns true."""
+        cost = self.probe_seconds
+        if cost is None and len(table) > 1:
+            cost = table[1] - table[0]
+        if not cost or cost <= 0:
+            return self.probe_gap
+        budget = HOPELESS_BUDGET if self.hopeless(table) else EXPLORE_BUDGET
+        return max(self.probe_gap, math.ceil(cost / (table[0] * budget)))
 
     def hopeless(self, table: list[float]) -> bool:
         """Whether k* = 0 even at the optimistic acceptance: the costs alone rule drafting out."""

@@ -140,6 +140,9 @@ class Remembered:
             prior = kept.get("acceptance")
             if _pair(prior) and policy.fixed is None:
                 policy.accepted, policy.rejected = prior
+                # evidence already: a model drafter's first look (a catch-up pass and a
+                # draft step, some 1 ms on the demo pair) is not bought again
+                policy.observations = max(policy.observations, round(sum(prior)))
             levels = kept.get("levels")
             prior_of = getattr(option.drafter, "prior", None)
             if prior_of is not None and isinstance(levels, list):

@@ -182,7 +182,7 @@ def speculation_factory(
     """A function giving fresh speculation state (drafter caches, estimates, step times) per
     generation: what `--draft SPEC` decodes with.
 
-    spec: "auto" chooses per step among the suffix drafter, prompt lookup and none;
+    spec: "auto" chooses per step between the suffix drafter and none;
     "auto:DIR" adds the draft model DIR; anything else is that drafter alone
     (`drafter_factory`, whose settings the others are). plan: a plan (`moespec plan`) whose
     verify times give every drafter's tau(n), and whose draft times give h(k) of the draft it
@@ -190,11 +190,10 @@ def speculation_factory(
     """
     if spec == "auto" or spec.startswith("auto:"):
         model_dir = spec.partition(":")[2] or None
-        specs = {
-            "suffix": "suffix",
-            "lookup": "lookup",
-            **({"model": model_dir} if model_dir else {}),
-        }
+        # prompt lookup is not among them: the suffix drafter's matches of 1-3 tokens are
+        # lookup's, and its longer ones and counts are more (see `moespec.decoding.suffix`);
+        # proposing twice cost a choice a quarter more
+        specs = {"suffix": "suffix", **({"model": model_dir} if model_dir else {})}
     else:
         specs = {None: spec}
     makers = {name: drafter_factory(s, **settings) for name, s in specs.items()}

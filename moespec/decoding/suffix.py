@@ -6,7 +6,7 @@ The idea is suffix decoding's (SuffixDecoding; Arctic Inference): text that quot
 edits what came before is drafted by matching, and the draft is as long as the counts make it
 likely. This is our own structure, chosen for a decode step of a quarter of a millisecond:
 
-- Matches are found by hashed n-grams at the lengths `LEVELS` (1, 2, 3, 4, 6, 8, 16 and
+- Matches are found by hashed n-grams at the lengths `LEVELS` (1, 2, 3, 4, 8, 16 and
   32 tokens), not by an exact suffix tree: "the longest match" is the longest of these lengths
   whose n-gram ending the context occurred before. A polynomial hash over prefixes (mod 2^64)
   gives each level's n-gram ending at a position in two multiplications, so indexing one more
@@ -22,7 +22,9 @@ likely. This is our own structure, chosen for a decode step of a quarter of a mi
   the proposal itself, so a loop with a period shorter than the draft continues round it.
 - The chance that draft position j is accepted given the ones before it is the share of the
   occurrences that agreed up to j - 1 and also agree at j, smoothed towards a prior learned from
-  outcomes at the match's level (`LevelPrior`): p_j = (agree_j + w a_level) / (agree_{j-1} + w).
+  outcomes at the match's level (`LevelPrior`): p_j = (agree_j + w a_level) / (agree_{j-1} + w),
+  then scaled by what that level's chances turned out to be worth (accepted positions over the
+  chances given them: the counts of a one-token match promise more than it keeps).
   The survival S_j = p_1 ... p_j enters the cost model in place of geometric acceptance: a
   draft of k tokens is expected to emit 1 + S_1 + ... + S_k tokens (seed 000's G_a(k) is the
   geometric case S_j = a^j), so the draft length is chosen per step from the counts, and a weak
@@ -42,10 +44,11 @@ import numpy as np
 
 from moespec.decoding.drafters import Draft, Drafter
 
-LEVELS = (1, 2, 3, 4, 6, 8, 16, 32)  # the n-gram lengths matched
-OCCURRENCES = 16  # the latest occurrences of a match whose continuations are counted
+LEVELS = (1, 2, 3, 4, 8, 16, 32)  # the n-gram lengths matched
+OCCURRENCES = 8  # the latest occurrences of a match whose continuations are counted
 PRIOR_WEIGHT = 2.0  # pseudo-occurrences of a level's learned acceptance in p_j
 PRIOR_FORGETTING = 0.98  # weight kept by a level's past outcomes per new outcome
+MAX_CHANCE = 0.995  # a calibrated chance never reaches certainty
 MAX_CORPUS_TOKENS = 1 << 22  # tokens of corpus files indexed at most (4M: ~0.7 GB of index)
 CORPUS_CHUNK_BYTES = 1 << 20  # corpus text is read and tokenized this many bytes at a time
 
@@ -55,41 +58,64 @@ _POWERS = [pow(_BASE, n, 1 << 64) for n in range(max(LEVELS) + 1)]
 
 
 class LevelPrior:
-    """Per match level, a Beta estimate of the chance a drafted position is accepted, from
-    outcomes (verified drafts and proposals scored against the emitted tokens), forgetting old
-    ones at PRIOR_FORGETTING per outcome. Starts at 1/2 with the weight of two outcomes."""
+    """Per match level, what outcomes (verified drafts and proposals scored against the emitted
+    tokens) taught, forgetting old ones at PRIOR_FORGETTING per outcome:
+
+    - a Beta estimate of the chance a drafted position is accepted (`mean`), the prior that
+      smooths the occurrences' counts; starts at 1/2 with the weight of two outcomes;
+    - a calibration (`calibration`): the positions accepted over the chances the counts gave
+      them. One earlier occurrence that agreed says 2/3 at any level, but a single earlier
+      match of one token continued as before about one time in four on the demo target's text;
+      the survival is scaled by what each level's counts turned out to be worth.
+    """
 
     def __init__(self):
-        self.accepted = [1.0] * len(LEVELS)
-        self.rejected = [1.0] * len(LEVELS)
+        n = len(LEVELS)
+        self.accepted, self.rejected = [1.0] * n, [1.0] * n
+        self.said, self.came = [0.0] * n, [0.0] * n  # sums of chances given, and accepted
 
     def mean(self, level: int) -> float:
         return self.accepted[level] / (self.accepted[level] + self.rejected[level])
 
-    def observe(self, level: int, agreed: int, failed: int) -> None:
+    def calibration(self, level: int) -> float:
+        """Accepted positions over the chances given them (1 before any outcome)."""
+        return (self.came[level] + 1.0) / (self.said[level] + 1.0)
+
+    def observe(self, level: int, agreed: int, failed: int, chances=()) -> None:
+        """`agreed` positions accepted, then `failed` (0 or 1) rejected; chances: the
+        uncalibrated chance the counts gave each of those positions."""
         keep = PRIOR_FORGETTING ** (agreed + failed)
         self.accepted[level] = self.accepted[level] * keep + agreed
         self.rejected[level] = self.rejected[level] * keep + failed
+        seen = list(chances[: agreed + failed])
+        if seen:
+            self.said[level] = self.said[level] * keep + sum(seen)
+            self.came[level] = self.came[level] * keep + agreed
 
     def remember(self, weight: float) -> list[list[float]]:
-        """[[accepted, rejected], ...] per level, scaled to at most `weight` outcomes each."""
+        """[[accepted, rejected, said, came], ...] per level, at most `weight` outcomes each."""
         out = []
-        for a, b in zip(self.accepted, self.rejected, strict=True):
+        for level in range(len(LEVELS)):
+            a, b = self.accepted[level], self.rejected[level]
             scale = min(1.0, weight / (a + b))
-            out.append([a * scale, b * scale])
+            out.append([a * scale, b * scale, self.said[level] * scale, self.came[level] * scale])
         return out
 
     def restore(self, levels) -> None:
         """Take remembered levels (`remember`); anything malformed is left out."""
-        if len(levels) != len(LEVELS):
+        if not isinstance(levels, list) or len(levels) != len(LEVELS):
             return
-        for level, pair in enumerate(levels):
+        for level, values in enumerate(levels):
             if (
-                isinstance(pair, list)
-                and len(pair) == 2
-                and all(isinstance(v, (int, float)) and v > 0 for v in pair)
+                isinstance(values, list)
+                and len(values) == 4
+                and all(isinstance(v, (int, float)) and v >= 0 for v in values)
+                and values[0] > 0
+                and values[1] > 0
             ):
-                self.accepted[level], self.rejected[level] = map(float, pair)
+                a, b, said, came = map(float, values)
+                self.accepted[level], self.rejected[level] = a, b
+                self.said[level], self.came[level] = said, came
 
 
 class ContextIndex:
@@ -295,6 +321,7 @@ def _split_utf8(data: bytes) -> tuple[bytes, bytes]:
 class Match:
     level: int  # index into LEVELS
     source: str  # "context" or "corpus"
+    chances: list[float] | None = None  # each position's chance from the counts, uncalibrated
 
 
 class SuffixDrafter(Drafter):
@@ -374,13 +401,17 @@ class SuffixDrafter(Drafter):
             if run == len(follow) < length:  # agreed as far as it is known
                 short[run] += 1
         prior = PRIOR_WEIGHT * self.prior.mean(level)
-        survival, s = [], 1.0
+        scale = self.prior.calibration(level)
+        chances, survival, s = [], [], 1.0
         alive = len(ends)  # occurrences with runs >= j - 1
         for j in range(1, length + 1):
             seen = alive - short[j - 1]  # agreed up to j - 1 and known at j
             alive -= runs[j - 1]  # now: runs >= j, those that agree at j too
-            s *= (alive + prior) / (seen + PRIOR_WEIGHT)
+            chance = (alive + prior) / (seen + PRIOR_WEIGHT)
+            chances.append(chance)
+            s *= min(chance * scale, MAX_CHANCE)
             survival.append(s)
+        self.last.chances = chances
         return Draft(proposal, survival=survival)
 
     @staticmethod
@@ -400,7 +431,7 @@ class SuffixDrafter(Drafter):
         """The outcome of the latest proposal: its first `agreed` tokens were accepted (or
         emitted), then `failed` (0 or 1) was not."""
         if self.last is not None:
-            self.prior.observe(self.last.level, agreed, failed)
+            self.prior.observe(self.last.level, agreed, failed, self.last.chances or ())
 
 
 def expected_tokens_survival(survival: list[float], k: int) -> float:

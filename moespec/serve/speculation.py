@@ -1,6 +1,6 @@
 """What each request drafts with, built as `moespec generate` builds it
-(moespec.decoding.setup): "auto" / "auto:DIR" chooses per step among the suffix drafter, prompt
-lookup, the draft model DIR and no draft; a checkpoint directory, "oracle:A", "suffix[:CORPUS]"
+(moespec.decoding.setup): "auto" / "auto:DIR" chooses per step among the suffix drafter, the
+draft model DIR and no draft; a checkpoint directory, "oracle:A", "suffix[:CORPUS]"
 or "lookup" is that drafter alone (a corpus is indexed once, at start).
 
 A draft checkpoint is loaded once at start. Each request gets fresh speculation state (its
@@ -92,7 +92,7 @@ class Speculation:
         auto = self.draft == "auto" or self.draft.startswith("auto:")
         if auto or self.draft == "suffix" or self.draft.startswith("suffix:"):
             drafters.append(SuffixDrafter(self.corpus))
-        if auto or self.draft == "lookup":
+        if self.draft == "lookup":
             drafters.append(PromptLookupDrafter())
         if self.draft_model is not None:
             draft_sampler = Sampler(sampler.temperature, sampler.top_p, seed + 1)
