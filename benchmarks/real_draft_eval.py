@@ -315,7 +315,8 @@ def main(argv=None) -> int:
         rounds.append(round_)
         result = {
             "title": f"{describe(target_dir)} drafted by {describe(draft_dir)}: "
-            f"{len(prompts)} held-out prompts, {args.tokens} tokens, {repeat + 1} rounds",
+            f"{len(prompts)} held-out prompts ({args.quoting} quoting themselves), "
+            f"{args.tokens} tokens, {repeat + 1} rounds",
             "provenance": provenance(),
             "settings": settings,
             "rounds_done": repeat + 1,

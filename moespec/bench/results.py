@@ -113,10 +113,30 @@ RESULTS = [
         "real-draft",
         ("real_draft_demo.json", "real_draft_demo.png"),
         (
-            f"python benchmarks/real_draft_eval.py --out {RESULTS_DIR}/real_draft_demo.json "
+            f"python benchmarks/real_draft_eval.py --quoting 8 --repeats 5 "
+            f"--out {RESULTS_DIR}/real_draft_demo.json "
             f"--plot {RESULTS_DIR}/real_draft_demo.png --force",
         ),
-        13,
+        12,
+    ),
+    Result(
+        "native-pass",
+        ("native_pass_demo_threads1.json", "native_pass_demo_threads2.json"),
+        tuple(
+            f"python benchmarks/native_pass.py --threads {t} "
+            f"--out {RESULTS_DIR}/native_pass_demo_threads{t}.json --force"
+            for t in (1, 2)
+        ),
+        1,
+    ),
+    Result(
+        "long-generation",
+        ("long_generation_demo.json",),
+        (
+            "python benchmarks/long_generation.py "
+            f"--out {RESULTS_DIR}/long_generation_demo.json --force",
+        ),
+        4,
     ),
     Result(
         "fixed-time",
