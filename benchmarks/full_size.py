@@ -362,7 +362,7 @@ def timed(cmd: list[str]) -> dict:
             out["result"] = json.loads(line[len(RESULT) :])
         elif line.startswith("{"):  # the CLI's --json summary
             with contextlib.suppress(json.JSONDecodeError):
-                out["summary"] = json.loads(proc.stdout[proc.stdout.index("{") :])
+                out["summary"] = json.loads(repo_relative(proc.stdout[proc.stdout.index("{") :]))
             break
     return out
 

@@ -16,6 +16,7 @@ from moespec.decoding.suffix import (
     ContextIndex,
     CorpusIndex,
     LevelPrior,
+    NativeIndex,
     SuffixDrafter,
     _hash_levels,
 )
@@ -37,11 +38,24 @@ def scan_longest(tokens):
     return None, []
 
 
+def native_index():
+    from moespec.kernels.native import native
+
+    lib = native().lib
+    if lib is None or not hasattr(lib, "moespec_suffix_new"):
+        pytest.skip(f"no native library: {native().reason}")
+    return NativeIndex(lib)
+
+
+INDEXES = {"python": ContextIndex, "native": native_index}
+
+
+@pytest.mark.parametrize("kind", sorted(INDEXES))
 @pytest.mark.parametrize("seed", range(4))
-def test_index_finds_the_longest_earlier_match_and_its_occurrences_as_a_scan_does(seed):
+def test_index_finds_the_longest_earlier_match_and_its_occurrences_as_a_scan_does(seed, kind):
     rng = random.Random(seed)
     tokens = [rng.randrange(6) for _ in range(20)]
-    index = ContextIndex()
+    index = INDEXES[kind]()
     index.extend(tokens)
     for step in range(300):
         # text that repeats stretches of itself, with small alphabets for short matches
@@ -56,6 +70,31 @@ def test_index_finds_the_longest_earlier_match_and_its_occurrences_as_a_scan_doe
         assert index.longest() == level, step
         if level is not None:
             assert index.occurrences(level, OCCURRENCES) == ends[:OCCURRENCES], step
+
+
+def test_the_native_index_is_the_python_index():
+    """Same keys, matches and chains over a long sequence fed in uneven chunks (its tables and
+    chains grow past their first capacity)."""
+    rng = random.Random(7)
+    python, native = ContextIndex(), native_index()
+    tokens = []
+    while len(tokens) < 6000:
+        chunk = (
+            tokens[-rng.randrange(1, 300) :][: rng.randrange(1, 12)]
+            if tokens and rng.random() < 0.6
+            else [rng.randrange(50_000) for _ in range(rng.randrange(1, 12))]
+        )
+        tokens += chunk
+        python.extend(chunk)
+        native.extend(chunk)
+        level = python.longest()
+        assert native.longest() == level
+        for n in (1, 3, 32):
+            if n <= len(tokens):
+                assert native.suffix_hash(n) == python.suffix_hash(n)
+        if level is not None:
+            assert native.occurrences(level, OCCURRENCES) == python.occurrences(level, OCCURRENCES)
+    assert native.tokens == python.tokens == tokens
 
 
 def test_a_repeated_phrase_is_continued_and_a_loop_goes_round():

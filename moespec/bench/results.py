@@ -562,6 +562,16 @@ RESULTS = [
         ),
         25,
     ),
+    Result(  # the same checkpoint, moespec bf16 at 2 threads: the speculation arms with suffix
+        "full-size-olmoe-1b-7b-speculation",
+        ("full_size/olmoe-1b-7b-speculation.json",),
+        (
+            "python benchmarks/full_size.py --shape olmoe-1b-7b --arms moespec-bf16 --threads 2 "
+            f"--rounds 1 --tokens 32 --out {RESULTS_DIR}/full_size/olmoe-1b-7b-speculation.json "
+            "--force",
+        ),
+        10,
+    ),
 ]
 
 

@@ -36,6 +36,7 @@ than `MAX_CORPUS_TOKENS` is read as a stream and indexed up to that many tokens;
 how much.
 """
 
+import ctypes
 import math
 from dataclasses import dataclass
 from pathlib import Path
@@ -188,6 +189,56 @@ class ContextIndex:
         return out
 
 
+class NativeIndex:
+    """`ContextIndex` in C (moespec/kernels/suffix.c): the same keys, matches and occurrence
+    chains (tested against it), a few hash-table probes a token instead of some 6 us of Python
+    on the demo's hot path. `tokens` stays a Python list: proposals read their continuations
+    from it."""
+
+    def __init__(self, lib):
+        self._lib = lib
+        levels = (ctypes.c_int64 * len(LEVELS))(*LEVELS)
+        self._handle = lib.moespec_suffix_new(len(LEVELS), levels)
+        if not self._handle:
+            raise MemoryError("the suffix index: no memory")
+        self.tokens: list[int] = []
+        self._out = (ctypes.c_int64 * OCCURRENCES)()
+
+    def __del__(self):
+        handle, self._handle = getattr(self, "_handle", None), None
+        if handle:
+            self._lib.moespec_suffix_free(handle)
+
+    def extend(self, tokens) -> None:
+        tokens = list(tokens)
+        array = (ctypes.c_int64 * len(tokens))(*tokens)
+        if self._lib.moespec_suffix_extend(self._handle, array, len(tokens)):
+            raise MemoryError("the suffix index: no memory")
+        self.tokens.extend(tokens)
+
+    def suffix_hash(self, n: int) -> int:
+        return self._lib.moespec_suffix_hash(self._handle, n)
+
+    def longest(self) -> int | None:
+        level = self._lib.moespec_suffix_longest(self._handle)
+        return None if level < 0 else level
+
+    def occurrences(self, level: int, limit: int) -> list[int]:
+        out = self._out if limit <= OCCURRENCES else (ctypes.c_int64 * limit)()
+        count = self._lib.moespec_suffix_occurrences(self._handle, level, limit, out)
+        return out[:count]
+
+
+def new_index():
+    """The context index: in C where the native library is built, else `ContextIndex`."""
+    from moespec.kernels.native import native
+
+    lib = native().lib
+    if lib is not None and hasattr(lib, "moespec_suffix_new"):
+        return NativeIndex(lib)
+    return ContextIndex()
+
+
 def _hash_levels(tokens: np.ndarray) -> dict[int, np.ndarray]:
     """{n: hashes of the n-grams starting at 0 .. len - n} for every level n (uint64, the same
     polynomial hash `ContextIndex` computes: h(a + b) = h(a) B^b + h(b), wrapping mod 2^64)."""
@@ -335,14 +386,14 @@ class SuffixDrafter(Drafter):
     def __init__(self, corpus: CorpusIndex | None = None, prior: LevelPrior | None = None):
         self.corpus = corpus
         self.prior = prior or LevelPrior()
-        self.index = ContextIndex()
+        self.index = new_index()
         self.last: Match | None = None  # the match of the latest proposal
 
     def _follow(self, context: list[int]) -> None:
         seen = self.index.tokens
         n = len(seen)
         if len(context) < n or (n and (context[n - 1] != seen[-1] or context[0] != seen[0])):
-            self.index = ContextIndex()
+            self.index = new_index()
             n = 0
         if len(context) > n:
             self.index.extend(context[n:])

@@ -61,7 +61,7 @@ from moespec.kernels.isa import cpu_flags, this_cpu
 
 SOURCE = Path(__file__).with_name("native.c")
 # the model pass of moespec.models.native_step, built into the same library
-SOURCES = (SOURCE, Path(__file__).with_name("step.c"))
+SOURCES = (SOURCE, Path(__file__).with_name("step.c"), Path(__file__).with_name("suffix.c"))
 VERSION = 3  # moespec_native_version() of the source this module speaks to
 PAIR_GROUP = 64  # output rows per group of the pair layout (native.c)
 
@@ -98,8 +98,25 @@ _SIGNATURES = {
     + [ctypes.c_float, _INT],
     # the read-bandwidth probe: buffer, bytes, threads; returns its sum, not a status
     "moespec_read_sum": [_P, _I64, _INT],
+    # the suffix drafter's index (suffix.c): new(levels, lengths*), free, extend(tokens*, n),
+    # longest, occurrences(level, limit, out*), hash(n), length
+    "moespec_suffix_new": [_I64, _P],
+    "moespec_suffix_free": [_P],
+    "moespec_suffix_extend": [_P, _P, _I64],
+    "moespec_suffix_longest": [_P],
+    "moespec_suffix_occurrences": [_P, _I64, _I64, _P],
+    "moespec_suffix_hash": [_P, _I64],
+    "moespec_suffix_length": [_P],
 }
-_RESULTS = {"moespec_read_sum": ctypes.c_uint64}
+_RESULTS = {
+    "moespec_read_sum": ctypes.c_uint64,
+    "moespec_suffix_new": ctypes.c_void_p,
+    "moespec_suffix_free": None,
+    "moespec_suffix_longest": ctypes.c_int64,
+    "moespec_suffix_occurrences": ctypes.c_int64,
+    "moespec_suffix_hash": ctypes.c_uint64,
+    "moespec_suffix_length": ctypes.c_int64,
+}
 
 
 @dataclass(frozen=True)
