@@ -24,11 +24,9 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from real_draft_eval import prompts_from_held_out  # noqa: E402
+from real_draft_eval import greedy_speculation, prompts_from_held_out  # noqa: E402
 
 from moespec.decoding import generate  # noqa: E402
-from moespec.decoding.sampling import Sampler  # noqa: E402
-from moespec.decoding.setup import speculation_factory  # noqa: E402
 from moespec.demo import demo_paths, describe  # noqa: E402
 from moespec.files import check_writable, write_json  # noqa: E402
 from moespec.models import StreamingDetokenizer, load_model  # noqa: E402
@@ -85,15 +83,7 @@ def main(argv=None) -> int:
     prompt = prompts_from_held_out(tokenizer, 1, 64, 0)[0]["ids"]
 
     def make():
-        return speculation_factory(
-            f"auto:{draft_dir}",
-            target=target,
-            tokenizer=tokenizer,
-            sampler=Sampler(),
-            prompt=prompt,
-            max_tokens=args.tokens,
-            dtype="bf16",
-        )()
+        return greedy_speculation(f"auto:{draft_dir}", target, tokenizer, prompt, args.tokens)
 
     arms = {"plain": None, "auto": make}
     for maker in arms.values():  # the same warm-up

@@ -78,6 +78,19 @@ def quoting_prompts(tokenizer, count: int, length: int, seed: int) -> list[dict]
     return out
 
 
+def greedy_speculation(spec, target, tokenizer, prompt, n):
+    """Fresh greedy speculation of `spec` (`--draft SPEC`) for one bf16 generation."""
+    return speculation_factory(
+        spec,
+        target=target,
+        tokenizer=tokenizer,
+        sampler=Sampler(),
+        prompt=prompt,
+        max_tokens=n,
+        dtype="bf16",
+    )()
+
+
 def make_arms(target, draft_model, draft_dir, tokenizer):
     """{arm name: function(prompt ids, n) -> records}, each a fresh generation."""
     vocab = target.config.vocab_size
@@ -111,16 +124,7 @@ def make_arms(target, draft_model, draft_dir, tokenizer):
 
     def speculating(spec, remember):
         def arm(prompt, n):
-            make = speculation_factory(
-                spec,
-                target=target,
-                tokenizer=tokenizer,
-                sampler=Sampler(),
-                prompt=prompt,
-                max_tokens=n,
-                dtype="bf16",
-            )
-            speculation = make()
+            speculation = greedy_speculation(spec, target, tokenizer, prompt, n)
             if remember:
                 memory.seed(speculation)
             records = run(prompt, n, speculation)
