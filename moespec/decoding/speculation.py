@@ -110,6 +110,9 @@ class Speculation:
         self.unchosen = Proposal(None, 0, Draft([]), {})
         self.choices = 0
         self.looked: set[str] = set()  # options whose first look has run
+        # options whose first look is priced out: (what the price depends on, the idle streak
+        # it waits for), not worked out again at every choice while those hold
+        self.look_waits: dict[int, tuple] = {}
         self.cheap = any(isinstance(o.drafter, CHEAP) for o in self.options.values())
 
     @classmethod
@@ -212,6 +215,16 @@ class Speculation:
         drafter, policy = option.drafter, option.policy
         if not isinstance(drafter, ModelDrafter) or not drafter.sampler.greedy:
             return True
+        key = (
+            policy.verify_times.version,
+            policy.draft_times.version,
+            policy.draft_byte_ratio,
+            policy.accepted,
+            policy.rejected,
+        )
+        waiting = self.look_waits.get(id(option))
+        if waiting is not None and waiting[0] == key and policy.idle_streak < waiting[1]:
+            return False  # priced out until then (the demo's draft model: every choice)
         table = policy.step_times()
         if table is None:
             return not self.cheap or self.choices > WARM_UP_WAIT
@@ -219,7 +232,9 @@ class Speculation:
         if ratio is None or len(table) < 2 or not policy.hopeless(table):
             return True
         estimate = FIRST_LOOK * ratio * table[0]
-        return policy.idle_streak * table[0] * HOPELESS_BUDGET >= estimate
+        due = estimate / (table[0] * HOPELESS_BUDGET)
+        self.look_waits[id(option)] = key, due
+        return policy.idle_streak >= due
 
     def _probe_for_free(self, option: Option, context: list[int], first: bool = False) -> bool:
         """A greedy model drafter's probe: catch up and score its predictions (no draft),
