@@ -8,11 +8,11 @@ k = 0 (a plain step, T = 1/tau(1)) is always an option and costs nothing beyond 
 step: a drafter that does not draft is not run.
 
 Evidence comes as cheaply as it can:
-- cheap drafters (prompt lookup) propose before the choice; when another option runs, their
-  proposal is scored against the tokens the target emitted (successes up to the first
-  mismatch, then one failure), an unbiased estimate of their acceptance under greedy decoding
-  and under sampling alike (a point-mass draft x is accepted with probability p(x), the
-  chance that the emitted token is x);
+- cheap drafters (the suffix drafter, prompt lookup) propose before the choice; when another
+  option runs, their proposal is scored against the tokens the target emitted (successes up to
+  the first mismatch, then one failure), an unbiased estimate of their acceptance under greedy
+  decoding and under sampling alike (a point-mass draft x is accepted with probability p(x),
+  the chance that the emitted token is x);
 - a model drafter at k* = 0 is probed, under greedy decoding, by catching up on the tokens it
   missed in one batched pass (at most its last 32: `ModelDrafter.max_catch_up`) and
   scoring its greedy predictions at those positions, not by a speculative step, then timing

@@ -10,7 +10,8 @@ likely. This is our own structure, chosen for a decode step of a quarter of a mi
   32 tokens), not by an exact suffix tree: "the longest match" is the longest of these lengths
   whose n-gram ending the context occurred before. A polynomial hash over prefixes (mod 2^64)
   gives each level's n-gram ending at a position in two multiplications, so indexing one more
-  token costs one hash and one dictionary store per level, whatever the context's length, and
+  token costs one hash and one table store per level, whatever the context's length (in C,
+  `NativeIndex`, where the native library is built; `ContextIndex` is the reference), and
   matching is a binary search over the levels (a match at n tokens implies one at every shorter
   level). A hash collision can only cost a rejected draft: verification keeps the output exact.
 - Each level keeps, per n-gram, its latest end and, per position, the previous end of the same
@@ -37,7 +38,6 @@ how much.
 """
 
 import ctypes
-import math
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -50,7 +50,7 @@ OCCURRENCES = 8  # the latest occurrences of a match whose continuations are cou
 PRIOR_WEIGHT = 2.0  # pseudo-occurrences of a level's learned acceptance in p_j
 PRIOR_FORGETTING = 0.98  # weight kept by a level's past outcomes per new outcome
 MAX_CHANCE = 0.995  # a calibrated chance never reaches certainty
-MAX_CORPUS_TOKENS = 1 << 22  # tokens of corpus files indexed at most (4M: ~0.7 GB of index)
+MAX_CORPUS_TOKENS = 1 << 22  # tokens of corpus files indexed at most (4M: ~0.45 GB of index)
 CORPUS_CHUNK_BYTES = 1 << 20  # corpus text is read and tokenized this many bytes at a time
 
 _MASK = (1 << 64) - 1
@@ -483,8 +483,3 @@ class SuffixDrafter(Drafter):
         emitted), then `failed` (0 or 1) was not."""
         if self.last is not None:
             self.prior.observe(self.last.level, agreed, failed, self.last.chances or ())
-
-
-def expected_tokens_survival(survival: list[float], k: int) -> float:
-    """Tokens a step drafting the first k of a proposal is expected to emit: 1 + S_1 + ... + S_k."""
-    return 1.0 + math.fsum(survival[:k])
