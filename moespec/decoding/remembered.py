@@ -27,6 +27,10 @@ from moespec.files import write_json
 LAYOUT = 1  # the file's layout version
 PRIOR_WEIGHT = 8.0  # observations a remembered acceptance weighs at most in a new run
 ENTRIES = 64  # entries kept at most (the most recently written)
+# samples a median must stand on to be remembered: a size measured once or twice in a short
+# run, one of those slow, was remembered as several times its cost, and the next runs never
+# drafted that far (so never measured it again)
+SAMPLES = 3
 
 
 def path() -> Path | None:
@@ -152,16 +156,21 @@ class Remembered:
     def take(self, speculation) -> None:
         """This generation's measurements into the entry (what it did not measure is kept)."""
         entry = self.entry
-        verify = dict(entry.get("verify") or {})
-        verify.update({str(n): s for n, s in speculation.verify_times.known().items()})
-        entry["verify"] = verify
+        times = speculation.verify_times
+        verify = _floats(entry.get("verify")) | {
+            n: s for n, s in times.known().items() if times.counted(n) >= SAMPLES
+        }
+        one = verify.get(1)  # no pass dearer than as many one-token passes (draft_policy)
+        entry["verify"] = {str(n): s for n, s in sorted(verify.items()) if not one or s <= n * one}
         drafters = entry.setdefault("drafters", {})
         for name, option in speculation.options.items():
             kept = drafters.setdefault(name, {})
             policy = option.policy
-            draft = dict(kept.get("draft") or {})
-            draft.update({str(k): s for k, s in policy.draft_times.known().items()})
-            kept["draft"] = draft
+            drafts = policy.draft_times
+            draft = _floats(kept.get("draft")) | {
+                k: s for k, s in drafts.known().items() if drafts.counted(k) >= SAMPLES
+            }
+            kept["draft"] = {str(k): s for k, s in sorted(draft.items())}
             a, b = policy.accepted, policy.rejected
             scale = min(1.0, PRIOR_WEIGHT / (a + b)) if a + b > 0 else 1.0
             kept["acceptance"] = [a * scale, b * scale]

@@ -89,6 +89,8 @@ class Speculation:
             sorted(options.items(), key=lambda item: not isinstance(item[1].drafter, CHEAP))
         )
         self.verify_times = next(iter(self.options.values())).policy.verify_times
+        for option in self.options.values():
+            option.policy.proposes_first = isinstance(option.drafter, CHEAP)
         # Plain streaks skip the choice: after a choice of no draft, the next QUIET_MAX_GAP - 1
         # plain steps at most run without one (the gap doubling from 1 while the choice stays
         # plain, back to 1 once a draft is chosen). On the demo target a step takes 0.3 ms
