@@ -140,3 +140,28 @@ def test_a_server_starts_from_remembered_times_and_keeps_its_own(
         assert known == {int(n): s for n, s in entry["verify"].items()}
     finally:
         again.close()
+
+
+@pytest.mark.parametrize(
+    "entry",
+    [
+        "oops",
+        {"verify": [1, 2], "drafters": "x"},
+        {"drafters": {"suffix": [1]}},
+        {"drafters": {"suffix": {"levels": "z", "draft": 3, "acceptance": "q"}}},
+    ],
+)
+def test_an_entry_edited_by_hand_into_nonsense_is_ignored(tmp_path, entry):
+    from moespec.decoding.speculation import Speculation
+    from moespec.decoding.suffix import SuffixDrafter
+
+    file = tmp_path / "m.json"
+    data = {"layout": LAYOUT, "machine": remembered.machine(), "entries": {"k": entry}}
+    file.write_text(json.dumps(data))
+    memory = Remembered(file, "k")
+    speculation = Speculation.auto([SuffixDrafter()])
+    memory.seed(speculation)
+    assert speculation.verify_times.known() == {}
+    memory.take(speculation)
+    memory.save()
+    assert isinstance(json.loads(file.read_text())["entries"]["k"]["drafters"]["suffix"], dict)

@@ -85,7 +85,8 @@ class Remembered:
         self.machine = machine()
         if file is not None:
             self.entries = self._read(file)
-            self.entry = self.entries.get(key, {})
+            entry = self.entries.get(key)
+            self.entry = entry if isinstance(entry, dict) else {}  # a hand-edited one: anew
 
     @classmethod
     def open(cls, model_dir, *, weights: str | None, dtype: str, threads: int, on_note=None):
@@ -134,8 +135,10 @@ class Remembered:
             return
         if verify:
             self.seed_verify_times(speculation.verify_times)
+        drafters = self.entry.get("drafters")
+        drafters = drafters if isinstance(drafters, dict) else {}
         for name, option in speculation.options.items():
-            kept = self.entry.get("drafters", {}).get(name)
+            kept = drafters.get(name)
             if not isinstance(kept, dict):
                 continue
             policy = option.policy
@@ -162,9 +165,13 @@ class Remembered:
         }
         one = verify.get(1)  # no pass dearer than as many one-token passes (draft_policy)
         entry["verify"] = {str(n): s for n, s in sorted(verify.items()) if not one or s <= n * one}
-        drafters = entry.setdefault("drafters", {})
+        if not isinstance(entry.get("drafters"), dict):
+            entry["drafters"] = {}
+        drafters = entry["drafters"]
         for name, option in speculation.options.items():
-            kept = drafters.setdefault(name, {})
+            kept = drafters.get(name)
+            if not isinstance(kept, dict):
+                kept = drafters[name] = {}
             policy = option.policy
             drafts = policy.draft_times
             draft = _floats(kept.get("draft")) | {
@@ -176,7 +183,6 @@ class Remembered:
             kept["acceptance"] = [a * scale, b * scale]
             if (prior := getattr(option.drafter, "prior", None)) is not None:
                 kept["levels"] = prior.remember(PRIOR_WEIGHT)
-        self.entry = entry
 
     def save(self) -> None:
         """Write the file atomically (at most ENTRIES entries, this one newest)."""

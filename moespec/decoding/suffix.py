@@ -140,22 +140,14 @@ class ContextIndex:
         for t in tokens:
             prefix.append((prefix[-1] * _BASE + t + 1) & _MASK)
             seq.append(t)
-        levels, mask, longest = self._levels, _MASK, LEVELS[-1]
         # index the n-grams ending at positions < len - 1: each has its next token
         for end in range(self.indexed, len(seq) - 1):
             stop = end + 1
-            after = prefix[stop]
-            if stop >= longest:  # the hot loop: every level has its n-gram
-                for n, power, latest, chain in levels:
-                    key = (after - prefix[stop - n] * power) & mask
-                    chain.append(latest.get(key, -1))
-                    latest[key] = end
-                continue
-            for n, power, latest, chain in levels:
+            for n, power, latest, chain in self._levels:
                 if n > stop:  # the sequence's first tokens: no n-gram that long yet
                     chain.append(-1)
                     continue
-                key = (after - prefix[stop - n] * power) & mask
+                key = (prefix[stop] - prefix[stop - n] * power) & _MASK
                 chain.append(latest.get(key, -1))
                 latest[key] = end
         self.indexed = max(self.indexed, len(seq) - 1)
@@ -416,12 +408,12 @@ class SuffixDrafter(Drafter):
         else:
             ends, tokens = self.corpus.occurrences(level, index, OCCURRENCES), self.corpus.tokens
         self.last = Match(level, source)
-        return self._continue(ends, tokens, len(tokens) if source == "context" else None, k, level)
+        return self._continue(ends, tokens, source == "context", k, level)
 
-    def _continue(self, ends, tokens, wrap: int | None, k: int, level: int) -> Draft:
+    def _continue(self, ends, tokens, wrap: bool, k: int, level: int) -> Draft:
         """The proposal after occurrences ending at `ends` of `tokens`: the context (a list,
-        `wrap` its length), whose text past its end is the proposal itself, or the corpus (an
-        array, wrap None), which ends where it ends."""
+        wrap), whose text past its end is the proposal itself, or the corpus (an array), which
+        ends where it ends."""
         size = len(tokens)
         firsts = {}
         for end in ends:  # the most common next token, the newest occurrence on a tie
@@ -466,14 +458,14 @@ class SuffixDrafter(Drafter):
         return Draft(proposal, survival=survival)
 
     @staticmethod
-    def _read(tokens, end: int, k: int, wrap: int | None) -> list[int]:
-        """The k tokens after position `end`: in the context, running on into the proposal
-        being read (a repeat of period p continues its last p tokens); in the corpus, up to
-        its end."""
-        if wrap is None:
+    def _read(tokens, end: int, k: int, wrap: bool) -> list[int]:
+        """The k tokens after position `end`: in the context (wrap), running on into the
+        proposal being read (a repeat of period p continues its last p tokens); in the corpus,
+        up to its end."""
+        if not wrap:
             return tokens[end + 1 : end + 1 + k].tolist()
         out = tokens[end + 1 : end + 1 + k]
-        period = wrap - end - 1
+        period = len(tokens) - end - 1
         while len(out) < k:  # the continuation's own tokens, a period back
             out.append(out[len(out) - period])
         return out
