@@ -171,7 +171,8 @@ def test_same_seed_same_sample_on_a_plain_engine(target):
         ({"prompt": PROMPT, "top_p": 0}, "top_p"),
         ({"prompt": PROMPT, "n": 2}, "n"),
         ({"prompt": PROMPT, "stop": ["a", "b", "c", "d", "e"]}, "stop"),
-        ({"prompt": PROMPT, "logprobs": 2}, "logprobs"),
+        ({"prompt": PROMPT, "logprobs": 6}, "logprobs"),  # over the API's 5
+        ({"prompt": PROMPT, "echo": True}, "echo"),
         ({"prompt": [1, 2, 10_000]}, "prompt"),
         ({"prompt": ["w1", "w2"]}, "prompt"),
         ({"prompt": ""}, "prompt"),

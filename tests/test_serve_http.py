@@ -178,13 +178,14 @@ def test_load_every_request_is_answered_once_or_refused(target, capsys):
     prompts = [f"w{i} w{i + 1} w{i + 2}" for i in range(1, 9)]
     expected = {p: expected_text(capsys, target, p, 6) for p in prompts}
     requests = [prompts[i % len(prompts)] for i in range(64)]
-    with running_server(tiny_engine(target, max_queue=4)) as url:
+    engine = tiny_engine(target, max_queue=4)
+    with running_server(engine) as url:
         client = client_for(url)
 
         def ask(prompt):
             try:
                 done = client.completions.create(
-                    model="m", prompt=prompt, max_tokens=6, temperature=0
+                    model=engine.model_name, prompt=prompt, max_tokens=6, temperature=0
                 )
                 return prompt, done.id, done.choices[0].text
             except openai.RateLimitError as refusal:

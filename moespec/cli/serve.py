@@ -60,6 +60,19 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="the most max_tokens a request may ask for (1024)",
     )
     parser.add_argument(
+        "--max-request-bytes",
+        type=int,
+        default=4 * 2**20,
+        metavar="N",
+        help="the largest request body taken, in bytes; larger ones answer 413 (4 MiB)",
+    )
+    parser.add_argument(
+        "--max-prompt-tokens",
+        type=int,
+        metavar="N",
+        help="the longest prompt taken, in tokens (default: the model's context length)",
+    )
+    parser.add_argument(
         "--no-cache",
         action="store_true",
         help="neither read nor write the measurements earlier runs remembered",
@@ -92,6 +105,8 @@ def run(args: argparse.Namespace) -> int:
         dtype=args.dtype,
         max_queue=args.max_queue,
         max_tokens_limit=args.max_tokens_limit,
+        max_request_bytes=args.max_request_bytes,
+        max_prompt_tokens=args.max_prompt_tokens,
         remember=not args.no_cache,
     )
     return 0

@@ -41,6 +41,10 @@ class Drafter:
 class ModelDrafter(Drafter):
     """A draft model decoding with its own cache and the target's sampler settings.
 
+    With a keyed sampler of the target's seed, the draft at position t is the winner of the
+    race on t's key over the draft's q: it agrees with the target's winner whenever the two
+    distributions pick alike, and verification needs no q.
+
     It catches up lazily: steps it does not draft cost it nothing, and the next `propose` (or
     `catch_up`) feeds the tokens it missed in one batched pass. A catch-up of more than
     `max_catch_up` tokens starts its cache afresh on the context's last `max_catch_up`
@@ -134,6 +138,9 @@ class ModelDrafter(Drafter):
         for i in range(k):
             if self.sampler.greedy:
                 token = greedy_tokens(logits.reshape(-1))
+            elif self.sampler.keyed:  # coupled: the race on the target's keys (no q needed)
+                p = self._padded(self.sampler.probabilities(logits))
+                token = self.sampler.race(p, len(context) + i)[0]
             else:
                 p = self._padded(self.sampler.probabilities(logits))
                 token = self.sampler.draw(p)

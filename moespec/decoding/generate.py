@@ -11,6 +11,7 @@ from dataclasses import asdict, dataclass, replace
 
 import torch
 
+from moespec.decoding.adjust import LogitAdjust, TokenLogprob, token_logprobs
 from moespec.decoding.draft_policy import DraftLengthPolicy
 from moespec.decoding.drafters import Drafter
 from moespec.decoding.kernel_policy import KernelPolicy
@@ -55,6 +56,8 @@ class StepRecord:
     misses: int = 0
     bytes_copied: int = 0
     cpu_experts: int = 0
+    # with generate(logprobs=N): each emitted token's log-probability and N alternatives
+    logprobs: list[TokenLogprob] | None = None
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -95,6 +98,8 @@ def generate(
     stop_tokens: Sequence[int] = (),
     routing_sink: RoutingSink | None = None,
     offload=None,
+    adjust: LogitAdjust | None = None,
+    logprobs: int | None = None,
 ) -> Iterator[StepRecord]:
     """Decode, yielding a prefill record (with the first token), then one record per step.
 
@@ -107,6 +112,9 @@ def generate(
 
     offload: an offload engine (moespec.offload.engine.executor) running the target's experts from
     its tiers; each pass is bracketed by its begin_step/end_step, and records carry its stats.
+    adjust: logit bias and penalties applied to every row the target samples or verifies from
+    (moespec.decoding.adjust); logprobs: with it, each record carries the log-probability of
+    each emitted token and this many alternatives (`StepRecord.logprobs`).
     """
     if max_tokens < 1:
         raise ValueError(f"max_tokens must be >= 1, got {max_tokens}")
@@ -120,9 +128,16 @@ def generate(
 
     start = time.perf_counter()
     kernel = kernels.for_prefill()
-    first = sampler.sample(prefill(model, prompt, cache, kernel, routing_sink, offload))
+    logits = prefill(model, prompt, cache, kernel, routing_sink, offload)
+    if adjust is not None:
+        logits = adjust.apply(logits)
+    first = sampler.sample(logits, position=len(prompt))
     context = list(prompt) + [first]  # the cache holds all but the last token
     record = StepRecord("prefill", [first], len(prompt), kernel, 0.0)
+    if logprobs is not None:
+        record.logprobs = token_logprobs(logits, [first], logprobs)
+    if adjust is not None:
+        adjust.emitted([first])
     if offload is not None:
         record = replace(record, **offload.take_stats())
     emitted = 1
@@ -131,6 +146,8 @@ def generate(
         for i, token in enumerate(record.tokens):
             if token in stops:
                 record.tokens, record.finish_reason = record.tokens[:i], "stop"
+                if record.logprobs is not None:
+                    record.logprobs = record.logprobs[:i]
                 break
         if record.finish_reason is None and emitted >= max_tokens:
             record.finish_reason = "length"
@@ -158,10 +175,13 @@ def generate(
             routing_sink=routing_sink,
             offload=offload,
         )[0]
+        if adjust is not None:
+            logits = adjust.apply(logits, draft or [])
+        position = len(context)  # of the first token this step emits
         if drafted:
-            accepted, tokens = verify(draft, logits, sampler, proposal.draft.probs)
+            accepted, tokens = verify(draft, logits, sampler, proposal.draft.probs, position)
         else:
-            accepted, tokens = 0, [sampler.sample(logits[-1])]
+            accepted, tokens = 0, [sampler.sample(logits[-1], position=position)]
         if offload is not None:
             offload.end_step(accepted)
         if accepted < drafted:
@@ -171,6 +191,8 @@ def generate(
         if proposal is not None:
             speculation.observe(proposal, accepted, tokens, verify_seconds)
         tokens = tokens[: max_tokens - emitted]
+        if adjust is not None:
+            adjust.emitted(tokens)
         context.extend(tokens)
         emitted += len(tokens)
         record = StepRecord(
@@ -191,6 +213,8 @@ def generate(
             explore=proposal.probe if proposal is not None and drafted else None,
             **(offload.take_stats() if offload is not None else {}),
         )
+        if logprobs is not None:
+            record.logprobs = token_logprobs(logits, tokens, logprobs)
 
 
 def summarize(records: Sequence[StepRecord]) -> dict:

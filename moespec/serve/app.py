@@ -10,10 +10,13 @@ import asyncio
 import json
 import secrets
 import time
+from dataclasses import dataclass
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
+from pydantic import ValidationError
+from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException
 
 from moespec import __version__
@@ -28,7 +31,8 @@ CLIENT_CLOSED = 499  # the request's status when its client left before the answ
 
 def create_app(engine: Engine) -> FastAPI:
     app = FastAPI(title="moespec", version=__version__, docs_url=None, redoc_url=None)
-    app.add_middleware(CountStatus, metrics=engine.metrics)
+    app.add_middleware(BodyLimit, limit=engine.max_request_bytes)
+    app.add_middleware(CountStatus, metrics=engine.metrics)  # outermost: counts the 413s too
     add_error_handlers(app)
     created = int(time.time())
 
@@ -51,45 +55,119 @@ def create_app(engine: Engine) -> FastAPI:
         return PlainTextResponse(engine.render_metrics(), media_type="text/plain; version=0.0.4")
 
     @app.post("/v1/completions")
-    async def completions(body: CompletionRequest, request: Request):
-        body.check()
-        prompt = completion_prompt(engine, body.prompt)
-        return await answer(engine, request, body, prompt, body.stop_strings(), chat=False)
+    async def completions(request: Request):
+        raw = await request.body()
+        request_ = await run_in_threadpool(prepare, engine, raw, CompletionRequest)
+        return await answer(engine, request, request_, chat=False)
 
     @app.post("/v1/chat/completions")
-    async def chat(body: ChatRequest, request: Request):
-        body.check()
-        messages = [{"role": m.role, "content": m.text()} for m in body.messages]
-        try:
-            text = engine.chat_template.render(messages)
-        except ValueError as error:
-            raise ApiError(400, str(error), param="messages") from None
-        prompt = encode(engine, text)
-        stops = body.stop_strings() + engine.chat_template.implicit_stops
-        return await answer(engine, request, body, prompt, stops, chat=True)
+    async def chat(request: Request):
+        raw = await request.body()
+        request_ = await run_in_threadpool(prepare, engine, raw, ChatRequest)
+        return await answer(engine, request, request_, chat=True)
 
     return app
 
 
-def encode(engine: Engine, text: str) -> list[int]:
+@dataclass
+class Prepared:
+    """A request read, checked and tokenized: what the engine needs, and what the answer says."""
+
+    settings: protocol.Settings
+    prompt: list[int]
+    stops: list[str]
+
+
+def prepare(engine: Engine, raw: bytes, kind) -> Prepared:
+    """Parse, validate and tokenize a body (in a worker thread: a long prompt's JSON, template
+    and tokenization never hold the event loop)."""
+    body = parse_body(raw, kind)
+    if body.model is not None and body.model != engine.model_name:
+        message = f"the model {body.model!r} does not exist; this server serves {engine.model_name!r}"
+        raise ApiError(404, message, param="model", code="model_not_found")
+    settings = body.settings(engine.vocab_size)
+    if kind is ChatRequest:
+        try:
+            text = engine.chat_template.render(body.chat_messages())
+        except ValueError as error:
+            raise ApiError(400, str(error), param="messages") from None
+        prompt = encode(engine, text, "messages")
+        stops = settings.stops + engine.chat_template.implicit_stops
+    else:
+        prompt, stops = completion_prompt(engine, body.prompt), settings.stops
+    settings.max_tokens = token_budget(engine, settings.max_tokens, len(prompt))
+    return Prepared(settings, prompt, stops)
+
+
+def parse_body(raw: bytes, kind):
+    """The body as `kind`, or a 400 naming what is wrong: not UTF-8, not JSON, nested past
+    Python's recursion limit, not an object, or a field of the wrong type or range."""
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as error:
+        message = f"the body is not valid UTF-8 (byte {error.start}: {error.reason})"
+        raise ApiError(400, message, code="invalid_utf8") from None
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as error:
+        raise ApiError(400, f"the body is not valid JSON: {error}", code="json_invalid") from None
+    except RecursionError:
+        message = "the body's JSON is nested too deeply"
+        raise ApiError(400, message, code="json_invalid") from None
+    if not isinstance(value, dict):
+        message = "the body must be a JSON object (Content-Type: application/json)"
+        raise ApiError(400, message, code="json_invalid")
+    try:
+        return kind.model_validate(value)
+    except ValidationError as error:
+        raise validation_error(error.errors()) from None
+    except RecursionError:  # a field nested deeper than the validator follows
+        raise ApiError(400, "the body is nested too deeply", code="json_invalid") from None
+
+
+def encode(engine: Engine, text: str, param: str) -> list[int]:
+    """Token ids of a prompt text; a text too long to fit the prompt limit whatever it encodes
+    to is refused before the tokenizer sees it (`Engine.prompt_characters`)."""
+    if len(text) > engine.prompt_characters:
+        raise ApiError(
+            400,
+            f"the prompt is {len(text)} characters; at most {engine.max_prompt_tokens} tokens "
+            f"({engine.prompt_characters} characters) fit",
+            param=param,
+            code="context_length_exceeded",
+        )
     ids = engine.tokenizer.encode(text)
     if not ids:
-        raise ApiError(400, "the prompt encodes to no tokens", param="prompt")
+        raise ApiError(400, "the prompt encodes to no tokens", param=param)
+    return check_ids(engine, ids, param)
+
+
+def check_ids(engine: Engine, ids: list[int], param: str) -> list[int]:
+    """Ids the model embeds: in [0, vocab) (a tokenizer's added tokens may lie above it), and
+    no more than the prompt limit."""
+    vocab = engine.vocab_size
+    bad = next((i for i, t in enumerate(ids) if not 0 <= t < vocab), None)
+    if bad is not None:
+        message = f"{param}: token {ids[bad]} at position {bad} is outside the model's "
+        raise ApiError(400, message + f"vocabulary [0, {vocab})", param=param)
+    if len(ids) > engine.max_prompt_tokens:
+        message = f"the prompt is {len(ids)} tokens; at most {engine.max_prompt_tokens} are served"
+        raise ApiError(400, message, param=param, code="context_length_exceeded")
     return ids
 
 
 def completion_prompt(engine: Engine, prompt) -> list[int]:
-    """A string, one string in a list, or token ids."""
+    """A string, one string in a list, token ids, or one list of token ids in a list."""
     if isinstance(prompt, str):
-        return encode(engine, prompt)
-    if prompt and all(isinstance(p, str) for p in prompt):
-        if len(prompt) != 1:
-            raise ApiError(400, "prompt: one prompt per request (batch size 1)", param="prompt")
-        return encode(engine, prompt[0])
-    vocab = engine.model.config.vocab_size
-    if not prompt or any(not 0 <= t < vocab for t in prompt):
-        raise ApiError(400, f"prompt: token ids must be in [0, {vocab})", param="prompt")
-    return list(prompt)
+        return encode(engine, prompt, "prompt")
+    if len(prompt) > 1 and not all(isinstance(p, int) for p in prompt):
+        raise ApiError(400, "prompt: one prompt per request (batch size 1)", param="prompt")
+    if not prompt or prompt[0] in ("", []):
+        raise ApiError(400, "prompt: the prompt is empty", param="prompt")
+    if isinstance(prompt[0], str):
+        return encode(engine, prompt[0], "prompt")
+    ids = prompt[0] if isinstance(prompt[0], list) else prompt
+    return check_ids(engine, list(ids), "prompt")
 
 
 def check_context(prompt_tokens: int, max_tokens: int, context_length: int) -> None:
@@ -109,8 +187,7 @@ def check_context(prompt_tokens: int, max_tokens: int, context_length: int) -> N
         ) from None
 
 
-def token_budget(engine: Engine, body, prompt_tokens: int) -> int:
-    asked = body.max_tokens if body.max_tokens is not None else body.max_completion_tokens
+def token_budget(engine: Engine, asked: int | None, prompt_tokens: int) -> int:
     limit = engine.max_tokens_limit
     if asked is None:
         asked = min(DEFAULT_MAX_TOKENS, limit, engine.context_length - prompt_tokens)
@@ -121,25 +198,36 @@ def token_budget(engine: Engine, body, prompt_tokens: int) -> int:
     return asked
 
 
-async def answer(engine: Engine, request: Request, body, prompt, stops, chat: bool):
-    seed = body.seed if body.seed is not None else secrets.randbits(32)
-    sampler = Sampler(body.temperature, body.top_p, seed)
+async def answer(engine: Engine, request: Request, prepared: Prepared, chat: bool):
+    settings = prepared.settings
+    seed = settings.seed if settings.seed is not None else secrets.randbits(63)
+    # keyed: the same seed gives the same text, whatever the drafts (Sampler's docstring)
+    sampler = Sampler(settings.temperature, settings.top_p, seed, keyed=True)
     try:
         engine.speculation.check(sampler)
     except ValueError as error:
         raise ApiError(400, str(error), param="temperature") from None
     loop = asyncio.get_running_loop()
-    max_tokens = token_budget(engine, body, len(prompt))
-    job = Job(prompt, max_tokens, sampler, seed, stops, loop)
+    job = Job(
+        prepared.prompt,
+        settings.max_tokens,
+        sampler,
+        seed,
+        prepared.stops,
+        loop,
+        adjust=settings.adjust,
+        logprobs=settings.logprobs,
+    )
     try:
         engine.submit(job)
     except QueueFull as full:
         headers = {"Retry-After": str(full.retry_after)}
         raise ApiError(429, str(full), code="queue_full", headers=headers) from None
     rid = protocol.new_id("chatcmpl" if chat else "cmpl")
-    if body.stream:
+    shape = LogprobShape(engine, chat) if settings.logprobs is not None else None
+    if settings.stream:
         return StreamingResponse(
-            stream(job, rid, engine.model_name, chat), media_type="text/event-stream"
+            stream(job, rid, engine.model_name, chat, shape), media_type="text/event-stream"
         )
     collect = asyncio.ensure_future(collect_text(job))
     gone = asyncio.ensure_future(disconnected(request))
@@ -151,10 +239,28 @@ async def answer(engine: Engine, request: Request, body, prompt, stops, chat: bo
         job.cancel()
         collect.cancel()
         return Response(status_code=CLIENT_CLOSED)
-    text, done = collect.result()
-    counts = protocol.usage(len(prompt), done["completion_tokens"])
+    text, entries, done = collect.result()
+    counts = protocol.usage(len(job.prompt), done["completion_tokens"])
     make = protocol.chat_body if chat else protocol.completion_body
-    return make(rid, engine.model_name, text, done["finish_reason"], counts, done["stats"])
+    logprobs = shape(entries) if shape is not None else None
+    return make(rid, engine.model_name, text, done["finish_reason"], counts, done["stats"], logprobs)
+
+
+class LogprobShape:
+    """TokenLogprob entries in the endpoint's own shape, token texts decoded once each."""
+
+    def __init__(self, engine: Engine, chat: bool):
+        self.tokenizer, self.chat, self.offset = engine.tokenizer, chat, 0
+
+    def token_text(self, token: int) -> str:
+        return self.tokenizer.decode([token])
+
+    def __call__(self, entries) -> dict:
+        if self.chat:
+            return protocol.chat_logprobs(entries, self.token_text)
+        shaped = protocol.completion_logprobs(entries, self.token_text, self.offset)
+        self.offset += sum(len(t) for t in shaped["tokens"])
+        return shaped
 
 
 async def events(job: Job):
@@ -168,13 +274,14 @@ async def events(job: Job):
             return
 
 
-async def collect_text(job: Job) -> tuple[str, dict]:
-    pieces = []
+async def collect_text(job: Job) -> tuple[str, list, dict]:
+    pieces, entries = [], []
     async for kind, value in events(job):
         if kind == "text":
-            pieces.append(value)
+            pieces.append(value[0])
+            entries.extend(value[1] or ())
         else:
-            return "".join(pieces), value
+            return "".join(pieces), entries, value
     raise AssertionError("unreachable: events end with done")
 
 
@@ -185,7 +292,7 @@ async def disconnected(request: Request) -> None:
         pass
 
 
-async def stream(job: Job, rid: str, model: str, chat: bool):
+async def stream(job: Job, rid: str, model: str, chat: bool, shape=None):
     """Server-sent events in the OpenAI chunk format; the last chunk carries the finish reason
     and usage. Leaving early (the client disconnected) cancels the job."""
 
@@ -198,11 +305,12 @@ async def stream(job: Job, rid: str, model: str, chat: bool):
         try:
             async for kind, value in events(job):
                 if kind == "text":
-                    delta = {"content": value}
+                    piece, entries = value
+                    logprobs = shape(entries) if shape is not None and entries else None
                     yield sse(
-                        protocol.chat_chunk(rid, model, delta)
+                        protocol.chat_chunk(rid, model, {"content": piece}, logprobs=logprobs)
                         if chat
-                        else protocol.completion_chunk(rid, model, value)
+                        else protocol.completion_chunk(rid, model, piece, logprobs=logprobs)
                     )
                     continue
                 counts = protocol.usage(len(job.prompt), value["completion_tokens"])
@@ -217,6 +325,52 @@ async def stream(job: Job, rid: str, model: str, chat: bool):
         yield "data: [DONE]\n\n"
     finally:
         job.cancel()  # no-op once the job is done
+
+
+class BodyLimit:
+    """ASGI middleware reading each request's body up to `limit` bytes before the app sees it.
+
+    A Content-Length past the limit is refused with 413 before a byte is read; a body sent
+    without one (chunked) is refused once it passes the limit. The connection is then closed
+    (the rest of the body is never read). The app receives the whole body, then the
+    connection's own messages (its disconnect)."""
+
+    def __init__(self, app, limit: int):
+        self.app, self.limit = app, limit
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        length = dict(scope["headers"]).get(b"content-length", b"")
+        if length.isdigit() and int(length) > self.limit:  # a malformed one: the HTTP layer's
+            return await self.refuse(scope, receive, send, f"{int(length)} bytes")
+        chunks, size = [], 0
+        while True:
+            message = await receive()
+            if message["type"] != "http.request":  # the client left while sending
+                return
+            chunks.append(message.get("body", b""))
+            size += len(chunks[-1])
+            if size > self.limit:
+                return await self.refuse(scope, receive, send, f"more than {self.limit} bytes")
+            if not message.get("more_body", False):
+                break
+        body, replayed = b"".join(chunks), False
+
+        async def replay():
+            nonlocal replayed
+            if not replayed:
+                replayed = True
+                return {"type": "http.request", "body": body, "more_body": False}
+            return await receive()
+
+        await self.app(scope, replay, send)
+
+    async def refuse(self, scope, receive, send, size: str) -> None:
+        message = f"the body is {size}; this server takes at most {self.limit} bytes"
+        error = ApiError(413, message, code="request_too_large")
+        response = JSONResponse(error.body(), status_code=413, headers={"Connection": "close"})
+        await response(scope, receive, send)
 
 
 class CountStatus:

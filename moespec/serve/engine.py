@@ -14,11 +14,15 @@ from collections import deque
 from dataclasses import dataclass, field
 
 from moespec.decoding import KernelPolicy, Sampler, generate, summarize
+from moespec.decoding.adjust import LogitAdjust
 from moespec.errors import SettingError, setting
 from moespec.models import Tokenizer, Transformer
 from moespec.serve.metrics import Metrics
 from moespec.serve.speculation import Speculation
 from moespec.serve.text import ChatTemplate, StopText
+
+
+MAX_REQUEST_BYTES = 4 * 2**20  # a body's bytes: 4 MiB holds a 100k-token prompt as ids
 
 
 class QueueFull(Exception):
@@ -29,8 +33,8 @@ class QueueFull(Exception):
 
 @dataclass
 class Job:
-    """One request at batch size 1. Events to its loop: ("text", str), then ("done", dict)
-    or ("error", str)."""
+    """One request at batch size 1. Events to its loop: ("text", (str, [TokenLogprob] or
+    None)), then ("done", dict) or ("error", str)."""
 
     prompt: list[int]
     max_tokens: int
@@ -38,6 +42,8 @@ class Job:
     seed: int
     stops: list[str]
     loop: asyncio.AbstractEventLoop
+    adjust: LogitAdjust | None = None  # logit bias and penalties (fresh per request)
+    logprobs: int | None = None  # alternatives per token's logprob; None: no logprobs
     events: asyncio.Queue = field(default_factory=asyncio.Queue)
     cancelled: threading.Event = field(default_factory=threading.Event)
     finished: threading.Event = field(default_factory=threading.Event)
@@ -68,14 +74,22 @@ class Engine:
         chat_template: ChatTemplate | None = None,
         max_queue: int = 16,
         max_tokens_limit: int = 1024,
+        max_request_bytes: int = MAX_REQUEST_BYTES,
+        max_prompt_tokens: int | None = None,
     ):
-        self.check_limits(max_queue, max_tokens_limit)
+        self.check_limits(max_queue, max_tokens_limit, max_request_bytes, max_prompt_tokens)
         self.model, self.tokenizer, self.speculation = model, tokenizer, speculation
         self.model_name = model_name
         self.kernels = kernels or KernelPolicy()
         self.chat_template = chat_template or ChatTemplate(None)
         self.max_queue, self.max_tokens_limit = max_queue, max_tokens_limit
         self.context_length = model.config.max_position_embeddings
+        self.vocab_size = model.config.vocab_size  # the ids the model embeds
+        self.max_request_bytes = max_request_bytes
+        self.max_prompt_tokens = min(max_prompt_tokens or self.context_length, self.context_length)
+        # No text longer than this encodes to max_prompt_tokens tokens or fewer: none of its
+        # tokens is longer than the vocabulary's longest (twice it: a normaliser may compose)
+        self.prompt_characters = 2 * self.max_prompt_tokens * tokenizer.longest_token
         self.metrics = Metrics()
         self.pending: deque[Job] = deque()
         self.condition = threading.Condition()
@@ -86,13 +100,21 @@ class Engine:
         self.worker.start()
 
     @staticmethod
-    def check_limits(max_queue: int, max_tokens_limit: int) -> None:
-        if max_queue < 0:
-            raise SettingError(f"{setting('max_queue')} must be >= 0, got {max_queue}")
-        if max_tokens_limit < 1:
-            raise SettingError(
-                f"{setting('max_tokens_limit')} must be >= 1, got {max_tokens_limit}"
-            )
+    def check_limits(
+        max_queue: int,
+        max_tokens_limit: int,
+        max_request_bytes: int = MAX_REQUEST_BYTES,
+        max_prompt_tokens: int | None = None,
+    ) -> None:
+        at_least = {
+            "max_queue": (max_queue, 0),
+            "max_tokens_limit": (max_tokens_limit, 1),
+            "max_request_bytes": (max_request_bytes, 1024),
+            "max_prompt_tokens": (max_prompt_tokens or 1, 1),
+        }
+        for name, (value, low) in at_least.items():
+            if value < low:
+                raise SettingError(f"{setting(name)} must be >= {low}, got {value}")
 
     # -- the queue ---------------------------------------------------------------------------
     def submit(self, job: Job) -> None:
@@ -182,6 +204,8 @@ class Engine:
             kernels=self.kernels,
             drafter=spec.drafter(job.sampler, job.prompt, job.max_tokens, job.seed),
             stop_tokens=self.model.config.eos_token_ids,
+            adjust=job.adjust,
+            logprobs=job.logprobs,
         )
         finish = None
         try:
@@ -194,8 +218,8 @@ class Engine:
                 elif record.finish_reason is not None:
                     finish = record.finish_reason
                     piece += text.finish()
-                if piece:
-                    job.send("text", piece)
+                if piece or record.logprobs:
+                    job.send("text", (piece, record.logprobs))
                 if finish is None and job.cancelled.is_set():
                     finish = "cancelled"
                 if finish is not None:

@@ -5,7 +5,7 @@ import socket
 from collections.abc import Callable
 from pathlib import Path
 
-from moespec.serve.engine import Engine
+from moespec.serve.engine import MAX_REQUEST_BYTES, Engine
 
 
 def load_engine(
@@ -20,6 +20,8 @@ def load_engine(
     dtype: str = "bf16",
     max_queue: int = 16,
     max_tokens_limit: int = 1024,
+    max_request_bytes: int = MAX_REQUEST_BYTES,
+    max_prompt_tokens: int | None = None,
     remember: bool = False,
 ) -> Engine:
     """An engine as `moespec generate` would decode: the demo target drafted by the demo draft
@@ -36,6 +38,8 @@ def load_engine(
         crossover=crossover,
         max_queue=max_queue,
         max_tokens_limit=max_tokens_limit,
+        max_request_bytes=max_request_bytes,
+        max_prompt_tokens=max_prompt_tokens,
     )
     if model is None:
         from moespec.demo import demo_paths
@@ -79,18 +83,28 @@ def load_engine(
         chat_template=ChatTemplate(read_chat_template(Path(model)), special),
         max_queue=max_queue,
         max_tokens_limit=max_tokens_limit,
+        max_request_bytes=max_request_bytes,
+        max_prompt_tokens=max_prompt_tokens,
     )
 
 
 def check_settings(
-    *, draft=None, kernel="auto", crossover=None, max_queue=16, max_tokens_limit=1024, **_
+    *,
+    draft=None,
+    kernel="auto",
+    crossover=None,
+    max_queue=16,
+    max_tokens_limit=1024,
+    max_request_bytes=MAX_REQUEST_BYTES,
+    max_prompt_tokens=None,
+    **_,
 ) -> None:
     """Settings that are wrong whatever the model: fail before it loads (or a port is bound)."""
     from moespec.decoding import KernelPolicy
     from moespec.decoding.setup import parse_oracle
 
     KernelPolicy(kernel, crossover)
-    Engine.check_limits(max_queue, max_tokens_limit)
+    Engine.check_limits(max_queue, max_tokens_limit, max_request_bytes, max_prompt_tokens)
     if draft is not None and draft.startswith("oracle"):
         parse_oracle(draft)
 

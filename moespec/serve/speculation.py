@@ -95,7 +95,9 @@ class Speculation:
         if self.draft == "lookup":
             drafters.append(PromptLookupDrafter())
         if self.draft_model is not None:
-            draft_sampler = Sampler(sampler.temperature, sampler.top_p, seed + 1)
+            # keyed: the draft races on the target's keys (coupled); else its own stream
+            draft_seed = seed if sampler.keyed else seed + 1
+            draft_sampler = Sampler(sampler.temperature, sampler.top_p, draft_seed, sampler.keyed)
             drafters.append(ModelDrafter(self.draft_model, draft_sampler, vocab))
         if not drafters:  # the oracle: its reference is this request's greedy continuation
             make = drafter_factory(

@@ -72,18 +72,50 @@ def _raise(message: str):
     raise ValueError(message)
 
 
+class StopMatcher:
+    """Knuth-Morris-Pratt's automaton of one stop string, fed a character at a time: `state` is
+    the length of the longest prefix of the stop that the text fed so far ends with. Each
+    character costs O(1) amortised, so checking a stream is linear in its length whatever the
+    stop's length (a suffix-against-prefix scan per step was quadratic in it)."""
+
+    def __init__(self, stop: str):
+        self.stop, self.state = stop, 0
+        self.fallback = [0] * len(stop)  # longest proper border of stop[: i + 1]
+        border = 0
+        for i in range(1, len(stop)):
+            while border and stop[i] != stop[border]:
+                border = self.fallback[border - 1]
+            if stop[i] == stop[border]:
+                border += 1
+            self.fallback[i] = border
+
+    def feed(self, char: str) -> bool:
+        """Advance by one character; True when the text now ends with the whole stop."""
+        stop, state = self.stop, self.state
+        if state == len(stop):
+            state = self.fallback[state - 1]
+        while state and char != stop[state]:
+            state = self.fallback[state - 1]
+        if char == stop[state]:
+            state += 1
+        self.state = state
+        return state == len(stop)
+
+
 class StopText:
     """Decoded text of a growing token sequence, cut before the first stop string.
 
     `add(tokens)` returns (new text safe to send, stopped). Text that could still begin a stop
-    string is held back until the next tokens decide it.
+    string is held back until the next tokens decide it. The stop that ends first is the one
+    cut at.
     """
 
     def __init__(self, tokenizer: Tokenizer, stops: list[str]):
         self.detokenizer = StreamingDetokenizer(tokenizer)
-        self.stops = [s for s in stops if s]
+        self.matchers = [StopMatcher(s) for s in stops if s]
         self.text = ""  # everything decoded so far
         self.sent = 0  # characters of `text` already returned
+        self.fed = 0  # characters of `text` fed to the matchers
 
     def add(self, tokens: list[int]) -> tuple[str, bool]:
         self.text += self.detokenizer.add(tokens)
@@ -98,24 +130,16 @@ class StopText:
         return piece
 
     def _release(self) -> tuple[str, bool]:
-        longest = max((len(s) for s in self.stops), default=0)
-        start = max(0, self.sent - longest + 1)
-        found = [i for i in (self.text.find(s, start) for s in self.stops) if i >= 0]
-        if found:
-            end = min(found)
-            piece, self.sent = self.text[self.sent : end], end
-            self.text = self.text[:end]
-            return piece, True
-        end = len(self.text) - self._held_back()
+        for at in range(self.fed, len(self.text)):
+            char = self.text[at]
+            ended = [m for m in self.matchers if m.feed(char)]
+            if ended:
+                end = at + 1 - max(len(m.stop) for m in ended)  # the earliest start
+                piece, self.sent = self.text[self.sent : end], end
+                self.text, self.fed = self.text[:end], end
+                return piece, True
+        self.fed = len(self.text)
+        held = max((m.state for m in self.matchers), default=0)
+        end = len(self.text) - held
         piece, self.sent = self.text[self.sent : end], max(end, self.sent)
         return piece, False
-
-    def _held_back(self) -> int:
-        """Length of the longest tail of the text that is a proper prefix of a stop string."""
-        best = 0
-        for stop in self.stops:
-            for n in range(min(len(stop) - 1, len(self.text)), best, -1):
-                if self.text.endswith(stop[:n]):
-                    best = n
-                    break
-        return best
