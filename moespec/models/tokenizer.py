@@ -7,7 +7,6 @@ from tokenizers import Tokenizer as _Tokenizer
 
 from moespec.models.checkpoint import CheckpointError
 
-
 # Texts longer than this are encoded as a batch of one, which encodes alike but releases the
 # GIL: while a 1M-character text was encoded (1.1 s), a thread sleeping 2 ms in a loop woke 2
 # times beside `encode`, 524 times beside `encode_batch`.

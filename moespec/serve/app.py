@@ -83,7 +83,9 @@ def prepare(engine: Engine, raw: bytes, kind) -> Prepared:
     and tokenization never hold the event loop)."""
     body = parse_body(raw, kind)
     if body.model is not None and body.model != engine.model_name:
-        message = f"the model {body.model!r} does not exist; this server serves {engine.model_name!r}"
+        message = (
+            f"the model {body.model!r} does not exist; this server serves {engine.model_name!r}"
+        )
         raise ApiError(404, message, param="model", code="model_not_found")
     settings = body.settings(engine.vocab_size)
     if kind is ChatRequest:
@@ -243,7 +245,9 @@ async def answer(engine: Engine, request: Request, prepared: Prepared, chat: boo
     counts = protocol.usage(len(job.prompt), done["completion_tokens"])
     make = protocol.chat_body if chat else protocol.completion_body
     logprobs = shape(entries) if shape is not None else None
-    return make(rid, engine.model_name, text, done["finish_reason"], counts, done["stats"], logprobs)
+    return make(
+        rid, engine.model_name, text, done["finish_reason"], counts, done["stats"], logprobs
+    )
 
 
 class LogprobShape:

@@ -21,7 +21,6 @@ from moespec.serve.metrics import Metrics
 from moespec.serve.speculation import Speculation
 from moespec.serve.text import ChatTemplate, StopText
 
-
 MAX_REQUEST_BYTES = 4 * 2**20  # a body's bytes: 4 MiB holds a 100k-token prompt as ids
 
 

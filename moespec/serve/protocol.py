@@ -310,8 +310,7 @@ def chat_logprobs(entries, token_text) -> dict:
         return {"token": text, "logprob": logprob, "bytes": list(text.encode())}
 
     content = [
-        one(e.token, e.logprob) | {"top_logprobs": [one(t, lp) for t, lp in e.top]}
-        for e in entries
+        one(e.token, e.logprob) | {"top_logprobs": [one(t, lp) for t, lp in e.top]} for e in entries
     ]
     return {"content": content, "refusal": None}
 
