@@ -4,10 +4,12 @@ POST /v1/completions and /v1/chat/completions (with "stream": true as server-sen
 GET /v1/models, /health, /metrics (Prometheus text). Batch size 1: requests wait in a queue of
 --max-queue; a full queue answers 429 with Retry-After. Each request decodes through the same
 loop as `moespec generate`: drafted by --draft (default: auto with the demo draft for the demo
-model: per step the suffix drafter, the draft model, prompt lookup or none; else none), the
-draft length chosen by --draft-length (default auto: k*(a) from the cost model), the expert
-kernel by --kernel, its verification passes batch-invariant (greedy answers equal plain
-greedy decoding in bf16). Listens on loopback unless --host says otherwise.
+model: per step the suffix drafter, the draft model or none; else none), the draft length
+chosen by --draft-length (default auto: k*(a) from the cost model), the expert kernel by
+--kernel, its verification passes batch-invariant (greedy answers equal plain greedy decoding
+in bf16; a seeded sample equals the plain sample of that seed). Bodies over
+--max-request-bytes answer 413 unread; prompts over --max-prompt-tokens answer 400.
+Listens on loopback unless --host says otherwise.
 Needs the optional dependencies: pip install 'moespec[serve]'.
 """
 
@@ -28,8 +30,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--draft",
         metavar="auto|auto:DIR|DIR|suffix[:CORPUS]|lookup|oracle:A|none",
-        help="draft: auto chooses per step among the suffix drafter, prompt lookup, the draft "
-        "model DIR of auto:DIR, and none; or one drafter: a checkpoint sharing the tokenizer, "
+        help="draft: auto chooses per step among the suffix drafter, the draft model DIR of "
+        "auto:DIR, and none; or one drafter: a checkpoint sharing the tokenizer, "
         "the suffix drafter (over the prompt, the output and CORPUS files, separated by ':'), "
         "prompt lookup, the oracle at acceptance A (greedy requests only); or none (default: "
         "auto with the demo draft for the demo model, else none)",

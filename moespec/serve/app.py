@@ -2,7 +2,10 @@
 
 POST /v1/completions, POST /v1/chat/completions (both with "stream": true as server-sent
 events, closed by `data: [DONE]`), GET /v1/models, GET /health, GET /metrics (Prometheus text).
-Every refusal is an OpenAI error body: 400 for bad input (malformed JSON included), 429 with
+A body is read whole, up to the engine's byte limit, before the app sees it (`BodyLimit`: 413
+past it); parsing, validation, the chat template and tokenization then run in a worker thread
+(`prepare`), never on the event loop. Every refusal is an OpenAI error body: 400 for bad input
+(invalid UTF-8 and malformed JSON included), 404 for an unknown model, 413, and 429 with
 Retry-After when the queue is full; a client that disconnects cancels its generation.
 """
 
