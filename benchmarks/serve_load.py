@@ -1235,7 +1235,7 @@ def main(argv=None) -> int:
         "--warmup",
         type=float,
         help="seconds of load before RSS is taken as the start and the "
-        "faults begin (default: 10%% of --seconds, at least 5)",
+        "faults begin (default: 10%% of --seconds, at least 5, at most half)",
     )
     parser.add_argument("--max-queue", type=int, default=16, help="the server's --max-queue")
     parser.add_argument(
@@ -1259,7 +1259,7 @@ def main(argv=None) -> int:
     parser.add_argument("--force", action="store_true")
     args = parser.parse_args(argv)
     if args.warmup is None:
-        args.warmup = max(5.0, 0.1 * args.seconds)
+        args.warmup = min(max(5.0, 0.1 * args.seconds), 0.5 * args.seconds)
     if not 0 <= args.warmup < args.seconds:
         parser.error("--warmup must be in [0, --seconds)")
     if args.clients < 1:
