@@ -296,10 +296,12 @@ def test_an_oversized_body_is_413_before_it_is_read(target):
                 b"Content-Length: 50000000\r\n\r\n"
             )
             answer = b""
-            while chunk := raw.recv(4096):  # until the server closes the connection
-                answer += chunk
+            while b"}}" not in answer:  # the error body's end
+                answer += raw.recv(4096)
         assert answer.startswith(b"HTTP/1.1 413"), answer
         assert b'"request_too_large"' in answer
+        sent = httpx.post(f"{url}/v1/completions", content=b" " * 5_000_000, timeout=WAIT)
+        assert sent.status_code == 413  # a client that reads once it has sent gets it too
         chunked = httpx.post(  # no Content-Length: refused once the bytes pass the limit
             f"{url}/v1/completions", content=iter([b"{" + b" " * 3000] * 3), timeout=WAIT
         )
@@ -377,3 +379,16 @@ def test_the_openai_client_with_its_optional_fields(target):
     assert chat.choices[0].message.content == "".join(pieces)  # same seed, same text
     assert len(chat.choices[0].logprobs.content) == chat.usage.completion_tokens
     assert len(completion.choices[0].logprobs.tokens) == completion.usage.completion_tokens
+
+
+def test_a_full_queue_refuses_before_the_body_is_parsed(target):
+    engine = load_engine(str(target), dtype="fp32", draft="none", max_queue=0)
+    engine.pause()  # the worker takes nothing: a queue of 0 holds no request
+    try:
+        client = TestClient(create_app(engine))
+        headers = {"content-type": "application/json"}
+        response = client.post("/v1/completions", content=b"{not json", headers=headers)
+    finally:
+        engine.close()
+    assert response.status_code == 429  # not 400: the body was never read
+    assert int(response.headers["retry-after"]) >= 1

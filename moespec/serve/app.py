@@ -29,22 +29,25 @@ from moespec.serve.engine import Engine, Job, QueueFull
 from moespec.serve.protocol import ApiError, ChatRequest, CompletionRequest
 
 DEFAULT_MAX_TOKENS = 256
+DRAIN_BYTES = 64 * 2**20  # the most of a refused body read and dropped; past it, the close
 CLIENT_CLOSED = 499  # the request's status when its client left before the answer (as nginx)
 
 
 def create_app(engine: Engine) -> FastAPI:
     app = FastAPI(title="moespec", version=__version__, docs_url=None, redoc_url=None)
     app.add_middleware(BodyLimit, limit=engine.max_request_bytes)
-    app.add_middleware(CountStatus, metrics=engine.metrics)  # outermost: counts the 413s too
+    app.add_middleware(Admission, engine=engine)
+    app.add_middleware(CountStatus, metrics=engine.metrics)  # outermost: counts them all
     add_error_handlers(app)
     created = int(time.time())
 
+    # async: these answer on the event loop, never waiting for a worker thread
     @app.get("/health")
-    def health():
+    async def health():
         return {"status": "ok", "model": engine.model_name, "queue_length": engine.queue_length()}
 
     @app.get("/v1/models")
-    def models():
+    async def models():
         card = {
             "id": engine.model_name,
             "object": "model",
@@ -54,7 +57,7 @@ def create_app(engine: Engine) -> FastAPI:
         return {"object": "list", "data": [card]}
 
     @app.get("/metrics")
-    def metrics():
+    async def metrics():
         return PlainTextResponse(engine.render_metrics(), media_type="text/plain; version=0.0.4")
 
     @app.post("/v1/completions")
@@ -70,6 +73,11 @@ def create_app(engine: Engine) -> FastAPI:
         return await answer(engine, request, request_, chat=True)
 
     return app
+
+
+def too_busy(full: QueueFull) -> ApiError:
+    headers = {"Retry-After": str(full.retry_after)}
+    return ApiError(429, str(full), code="queue_full", headers=headers)
 
 
 @dataclass
@@ -226,8 +234,7 @@ async def answer(engine: Engine, request: Request, prepared: Prepared, chat: boo
     try:
         engine.submit(job)
     except QueueFull as full:
-        headers = {"Retry-After": str(full.retry_after)}
-        raise ApiError(429, str(full), code="queue_full", headers=headers) from None
+        raise too_busy(full) from None
     rid = protocol.new_id("chatcmpl" if chat else "cmpl")
     shape = LogprobShape(engine, chat) if settings.logprobs is not None else None
     if settings.stream:
@@ -338,9 +345,9 @@ class BodyLimit:
     """ASGI middleware reading each request's body up to `limit` bytes before the app sees it.
 
     A Content-Length past the limit is refused with 413 before a byte is read; a body sent
-    without one (chunked) is refused once it passes the limit. The connection is then closed
-    (the rest of the body is never read). The app receives the whole body, then the
-    connection's own messages (its disconnect)."""
+    without one (chunked) is refused once it passes the limit; the rest of the body is never
+    given to the app (`refuse`). The app receives the whole body, then the connection's own
+    messages (its disconnect)."""
 
     def __init__(self, app, limit: int):
         self.app, self.limit = app, limit
@@ -374,10 +381,43 @@ class BodyLimit:
         await self.app(scope, replay, send)
 
     async def refuse(self, scope, receive, send, size: str) -> None:
+        """Send the whole 413 at once, then read and drop the rest of the body (up to
+        DRAIN_BYTES) before ending the answer. A client reading as it sends has its 413 at
+        once; one that reads after sending (most) gets it once its body is sent, not a reset
+        connection: closing with unread bytes makes the kernel reset it, and the answer was lost."""
         message = f"the body is {size}; this server takes at most {self.limit} bytes"
-        error = ApiError(413, message, code="request_too_large")
-        response = JSONResponse(error.body(), status_code=413, headers={"Connection": "close"})
-        await response(scope, receive, send)
+        body = json.dumps(ApiError(413, message, code="request_too_large").body()).encode()
+        headers = [(b"content-type", b"application/json"), (b"content-length", b"%d" % len(body))]
+        await send({"type": "http.response.start", "status": 413, "headers": headers})
+        await send({"type": "http.response.body", "body": body, "more_body": True})
+        dropped = 0
+        while dropped < DRAIN_BYTES:
+            message = await receive()
+            dropped += len(message.get("body", b""))
+            if message["type"] != "http.request" or not message.get("more_body", False):
+                break
+        await send({"type": "http.response.body", "body": b"", "more_body": False})
+
+
+class Admission:
+    """ASGI middleware refusing a generation with 429 while the queue is full, before its body
+    is read or parsed and before the framework routes it: a burst past the queue costs the
+    event loop little, so /health and the clients being served are answered meanwhile."""
+
+    ROUTES = ("/v1/completions", "/v1/chat/completions")
+
+    def __init__(self, app, engine: Engine):
+        self.app, self.engine = app, engine
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] == "http" and scope["method"] == "POST" and scope["path"] in self.ROUTES:
+            try:
+                self.engine.check_room()
+            except QueueFull as full:
+                error = too_busy(full)
+                response = JSONResponse(error.body(), status_code=429, headers=error.headers)
+                return await response(scope, receive, send)
+        await self.app(scope, receive, send)
 
 
 class CountStatus:

@@ -120,11 +120,19 @@ class Engine:
         with self.condition:
             if self.closed:
                 raise RuntimeError("the engine is closed")
-            idle = self.running is None and not self.paused and not self.pending
-            if not idle and len(self.pending) >= self.max_queue:
-                raise QueueFull(self.retry_after())
+            self._check_room()
             self.pending.append(job)
             self.condition.notify_all()
+
+    def check_room(self) -> None:
+        """Raise QueueFull if a job submitted now would be refused."""
+        with self.condition:
+            self._check_room()
+
+    def _check_room(self) -> None:
+        idle = self.running is None and not self.paused and not self.pending
+        if not idle and len(self.pending) >= self.max_queue:
+            raise QueueFull(self.retry_after())
 
     def retry_after(self) -> int:
         """Seconds until the queue has likely moved: its length times a recent job's time
