@@ -63,14 +63,14 @@ def create_app(engine: Engine) -> FastAPI:
     @app.post("/v1/completions")
     async def completions(request: Request):
         raw = await request.body()
-        request_ = await run_in_threadpool(prepare, engine, raw, CompletionRequest)
-        return await answer(engine, request, request_, chat=False)
+        prepared = await run_in_threadpool(prepare, engine, raw, CompletionRequest)
+        return await answer(engine, request, prepared, chat=False)
 
     @app.post("/v1/chat/completions")
     async def chat(request: Request):
         raw = await request.body()
-        request_ = await run_in_threadpool(prepare, engine, raw, ChatRequest)
-        return await answer(engine, request, request_, chat=True)
+        prepared = await run_in_threadpool(prepare, engine, raw, ChatRequest)
+        return await answer(engine, request, prepared, chat=True)
 
     return app
 
