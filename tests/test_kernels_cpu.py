@@ -12,7 +12,7 @@ import torch
 from moespec.cli import main
 from moespec.kernels.cpu import CpuPaths, cpu_flags, cpu_paths
 from moespec.kernels.linear import PackedWeight, pack
-from moespec.kernels.native import PairWeight
+from moespec.kernels.native import PairWeight, unavailable_here
 
 ROOT = Path(__file__).resolve().parent.parent
 AVX2_ONLY = {"ATEN_CPU_CAPABILITY": "avx2", "ONEDNN_MAX_CPU_ISA": "AVX2"}
@@ -77,6 +77,7 @@ def test_env_prints_one_line_per_fact(capsys):
         "cpu capability",
         "onednn max isa",
         "native loops",
+        "native model pass",
         "bf16 path",
         "fp32 path",
         "int8 path",
@@ -86,6 +87,7 @@ def test_env_prints_one_line_per_fact(capsys):
     ]
     assert lines[0] == f"torch: {torch.__version__}"
     assert lines[1].startswith(f"cpu capability: {torch.backends.cpu.get_cpu_capability()} ")
+    assert lines[4] == f"native model pass: {cpu_paths().native_pass or 'available'}"
 
 
 def test_env_with_a_model_adds_its_footprint_line(capsys):
@@ -122,8 +124,9 @@ def test_on_an_avx2_dispatch_bf16_takes_the_avx2_native_loops():
     facts, used = (json.loads(line) for line in run_avx2(AVX2_FACTS).splitlines())
     assert facts["capability"] == "AVX2" and facts["family"] == "avx2"
     assert facts["onednn_max_isa"] == "AVX2"
-    if facts["native"] != "available":
-        pytest.skip(f"the native loops do not build here: {facts['native']}")
+    if (why := unavailable_here()) is not None:
+        pytest.skip(f"no native loops on this machine: {why}")
+    assert facts["native"] == facts["native_pass"] == "available"  # else the build failed
     assert facts["paths"] == {
         "bf16": "native-pairs",
         "fp32": "onednn-packed",

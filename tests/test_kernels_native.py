@@ -1,5 +1,8 @@
-"""The native products (moespec.kernels.native): the pair layout, its bits, and the fallback."""
+"""The native products (moespec.kernels.native): the pair layout, its bits, the fallback, and
+the C entry points' checks of their arguments. Tests skip only with the machine's own reasons
+(tests.native): where it can build the loops, a build that fails fails them."""
 
+import ctypes
 import json
 import os
 import subprocess
@@ -9,29 +12,36 @@ import pytest
 import torch
 
 from moespec.calibrate.timing import read_bandwidth
+from moespec.kernels import native as nat
 from moespec.kernels.cpu import cpu_paths
+from moespec.kernels.isa import cpu_flags
 from moespec.kernels.linear import linear, pack
 from moespec.kernels.native import (
+    _SIGNATURES,
     PairWeight,
     batch_products,
-    has_read_probe,
+    call,
+    family_lacks,
     int8_pairs_product,
-    layout_function,
     native,
     native_product,
     pack_pairs,
     pairs_product,
     read_sum,
+    unavailable_here,
     unpack_pairs,
 )
 from moespec.kernels.quant import int8_reference, quantize_int8, quantize_reference
+from tests.native import needs_function
 
 FAMILY = cpu_paths().family
-NO_PAIRS = layout_function("bf16", FAMILY)[1]
-NO_INT8 = layout_function("int8", FAMILY)[1]
+# the machine's own reasons only: where it has none, a failed build fails these tests
+NO_LIBRARY = unavailable_here()
+NO_PAIRS = NO_LIBRARY or family_lacks("bf16", FAMILY)
+NO_INT8 = NO_LIBRARY or family_lacks("int8", FAMILY)
 needs_pairs = pytest.mark.skipif(NO_PAIRS is not None, reason=str(NO_PAIRS))
 needs_int8 = pytest.mark.skipif(NO_INT8 is not None, reason=str(NO_INT8))
-needs_native = pytest.mark.skipif(native().lib is None, reason=str(native().reason))
+needs_native = pytest.mark.skipif(NO_LIBRARY is not None, reason=str(NO_LIBRARY))
 # odd widths, heights off the 64-row groups, and a real expert half
 SHAPES = [(1, 2), (5, 3), (63, 31), (64, 64), (130, 97), (256, 2048)]
 
@@ -194,8 +204,7 @@ INT8_FUNCTIONS = [
 @pytest.mark.parametrize("function, flags", INT8_FUNCTIONS, ids=[f for f, _ in INT8_FUNCTIONS])
 def test_every_int8_pair_function_gives_the_same_bits(function, flags):
     """The AVX2, AVX-512BW and VNNI loops compute the same integers in the same order."""
-    if not set(flags) <= set(cpu_paths().flags) or not native().has(function):
-        pytest.skip(f"{function} needs {', '.join(flags)}, which this CPU or build lacks")
+    needs_function(function, flags)
     q = quantize_int8(torch.randn(130, 600).bfloat16())
     pairs = pack_pairs(q.rows())
     x = torch.randn(9, 600).bfloat16()
@@ -219,8 +228,7 @@ CANDIDATES = [
 @pytest.mark.parametrize("function, kind, flags", CANDIDATES, ids=[c[0] for c in CANDIDATES])
 @pytest.mark.parametrize("shape", [(63, 31), (130, 97), (64, 2048)])
 def test_row_by_row_candidates_match_the_reference_with_one_row_bits(function, kind, flags, shape):
-    if not set(flags) <= set(cpu_paths().flags) or not native().has(function):
-        pytest.skip(f"{function} needs {', '.join(flags)}, which this CPU or build lacks")
+    needs_function(function, flags)
     weight = torch.randn(*shape).bfloat16()
     x = torch.randn(9, shape[1]).bfloat16()
     if kind == "bf16":
@@ -272,7 +280,8 @@ def test_turning_the_native_loops_off_takes_the_library_path_and_says_so(tmp_pat
     reason="the native loops are x86-64 only: there the reason is the architecture",
 )
 def test_without_a_compiler_the_library_path_runs_and_says_why(tmp_path):
-    facts = _facts({"PATH": str(tmp_path), "CC": "", "MOESPEC_CACHE": str(tmp_path / "c")})
+    env = {"PATH": str(tmp_path), "CC": "", "MOESPEC_CACHE": str(tmp_path / "c")}
+    facts = _facts({**env, "MOESPEC_NATIVE": "1"})  # on, whatever this process was given
     cpu = facts
     assert cpu["paths"]["bf16"] in ("onednn-packed", "aten-linear")
     assert cpu["native"] == "no C compiler found ($CC, cc, gcc or clang)"
@@ -317,7 +326,8 @@ def test_a_batch_of_products_refuses_rows_outside_its_input_or_output():
 
 
 needs_read_probe = pytest.mark.skipif(
-    not has_read_probe(), reason="no native read probe (no library, or a CPU without AVX2)"
+    NO_LIBRARY is not None or "avx2" not in cpu_flags(),
+    reason=f"no native read probe on this machine: {NO_LIBRARY or 'a CPU without AVX2'}",
 )
 
 
@@ -358,7 +368,7 @@ def _pairs_reference(weight: torch.Tensor) -> torch.Tensor:
     return padded.reshape(-1, 64, padded.shape[1] // 2, 2).permute(0, 2, 1, 3).contiguous()
 
 
-@pytest.mark.skipif(native().lib is None, reason=str(native().reason))
+@needs_native
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.int8])
 @pytest.mark.parametrize("shape", [(2048, 512), (130, 33), (64, 2), (1, 7), (200, 1)])
 def test_the_native_pair_layout_equals_the_tensor_reference(dtype, shape):
@@ -380,3 +390,154 @@ def test_native_int8_quantization_equals_the_tensor_reference_bit_for_bit(shape)
     assert torch.equal(native_weight.pairs, reference.pairs)
     assert torch.equal(native_weight.scales, reference.scales)
     assert native_weight.nbytes == reference.nbytes and native_weight.shape == reference.shape
+
+
+def test_the_native_library_builds_wherever_the_machine_can_build_it():
+    # not x86-64, no compiler or turned off are the machine's reasons; any other is a fault
+    if NO_LIBRARY is not None:
+        assert native().reason == NO_LIBRARY
+    else:
+        assert native().lib is not None, native().reason
+
+
+def test_env_says_the_native_pass_runs_exactly_where_the_machine_has_what_it_needs():
+    from moespec.kernels.cpu import native_pass_lacks
+
+    facts = cpu_paths().to_dict()
+    lacks = native_pass_lacks()
+    assert facts["native_pass"] == (lacks or "available")
+    assert facts["native_functions"]["pass"] == (None if lacks else "moespec_step")
+
+
+def test_turning_the_native_loops_off_turns_the_native_pass_off_and_says_so(tmp_path):
+    facts = _facts({"MOESPEC_NATIVE": "0", "MOESPEC_CACHE": str(tmp_path)})
+    assert facts["native_pass"] == "turned off by MOESPEC_NATIVE"
+    assert facts["native_functions"]["pass"] is None
+
+
+# Each C entry point called with one argument out of bounds: a ValueError naming it, nothing
+# read or written (the pointers are null: the checks come first). {kind: (names' values)}
+_ONE = ctypes.c_int64 * 1
+_BASES = {
+    "pairs": {"O": 64, "I": 8, "R": 1, "threads": 1},
+    "batch": {
+        "n": 1,
+        "x_rows": 2,
+        "xrow": [0],
+        "count": [1],
+        "orow": [0],
+        "O": 64,
+        "I": 8,
+        "threads": 1,
+    },
+    "attend": {"H": 4, "G": 2, "L": 8, "D": 16, "Dv": 16, "k_head": 128, "k_row": 16},
+    "rows": {"q_row": 64, "T": 2, "o_row": 64, "H": 4, "G": 2, "L0": 8, "D": 16, "Dv": 16},
+    "read": {"n": 128, "threads": 1},
+    "pack": {"groups": 1, "units": 4, "threads": 1},
+    "quantize": {"O": 4, "I": 8, "threads": 1},
+}
+for _base in ("attend", "rows"):
+    _BASES[_base].update(k_head=128, k_row=16, v_head=128, v_row=16, scale=0.25, threads=1)
+_REFUSALS = {
+    "pairs": [({"O": -1}, "O"), ({"I": 0}, "I"), ({"R": -1}, "R"), ({"threads": 0}, "threads")],
+    "batch": [
+        ({"n": -1}, "n"),
+        ({"x_rows": -1}, "x_rows"),
+        ({"xrow": [2]}, "xrow"),  # row 2 of 2
+        ({"xrow": [-1]}, "xrow"),
+        ({"count": [3]}, "xrow"),  # rows 0-2 of 2
+        ({"count": [-1]}, "count"),
+        ({"orow": [-1]}, "orow"),
+        ({"O": -1}, "O"),
+        ({"I": 0}, "I"),
+        ({"threads": 0}, "threads"),
+    ],
+    "attend": [
+        ({"H": 0}, "H"),
+        ({"G": 0}, "G"),
+        ({"G": 3}, "G"),  # 4 query heads are not groups of 3
+        ({"L": 0}, "L"),
+        ({"D": 0}, "D"),
+        ({"Dv": 0}, "Dv"),
+        ({"k_row": -1}, "k_row"),
+        ({"v_head": -1}, "v_head"),
+        ({"threads": 0}, "threads"),
+    ],
+    "rows": [
+        ({"q_row": -1}, "q_row"),
+        ({"T": -1}, "T"),
+        ({"o_row": -1}, "o_row"),
+        ({"H": 0}, "H"),
+        ({"G": 3}, "G"),
+        ({"L0": 0}, "L0"),
+        ({"v_row": -1}, "v_row"),
+        ({"threads": 0}, "threads"),
+    ],
+    "read": [({"n": 100}, "n"), ({"n": -128}, "n"), ({"threads": 0}, "threads")],
+    "pack": [({"groups": -1}, "groups"), ({"units": -1}, "units"), ({"threads": 0}, "threads")],
+    "quantize": [({"O": -1}, "O"), ({"I": 0}, "I"), ({"threads": 0}, "threads")],
+}
+AVX2, AVX512 = ("avx2", "fma"), ("avx512f", "avx512bw", "avx512vl")
+# {entry point: (its kind, the CPU flags its code needs)}
+_ENTRY_POINTS = {
+    "moespec_bf16_pairs": ("pairs", (*AVX512, "avx512_bf16")),
+    "moespec_bf16_pairs_avx2": ("pairs", AVX2),
+    "moespec_bf16_avx2": ("pairs", AVX2),
+    "moespec_int8_pairs_avx512": ("pairs", AVX512),
+    "moespec_int8_pairs_vnni": ("pairs", (*AVX512, "avx512_vnni")),
+    "moespec_int8_pairs_avx2": ("pairs", AVX2),
+    "moespec_int8_avx512": ("pairs", AVX512),
+    "moespec_int8_avx2": ("pairs", AVX2),
+    "moespec_bf16_pairs_batch": ("batch", (*AVX512, "avx512_bf16")),
+    "moespec_bf16_pairs_avx2_batch": ("batch", AVX2),
+    "moespec_int8_pairs_avx512_batch": ("batch", AVX512),
+    "moespec_int8_pairs_vnni_batch": ("batch", (*AVX512, "avx512_vnni")),
+    "moespec_int8_pairs_avx2_batch": ("batch", AVX2),
+    "moespec_attend_bf16_avx512": ("attend", AVX512),
+    "moespec_attend_bf16_avx2": ("attend", AVX2),
+    "moespec_attend_bf16_avx512_rows": ("rows", AVX512),
+    "moespec_attend_bf16_avx2_rows": ("rows", AVX2),
+    "moespec_read_sum": ("read", AVX2),
+    "moespec_pack_pairs32": ("pack", ()),
+    "moespec_pack_pairs16": ("pack", ()),
+    "moespec_quantize_pairs_bf16": ("quantize", AVX2),
+}
+_CASES = [
+    pytest.param(function, changes, name, id=f"{function}-{name}={list(changes.values())[0]}")
+    for function, (kind, _) in _ENTRY_POINTS.items()
+    for changes, name in _REFUSALS[kind]
+]
+
+
+def _arguments(function: str, changes: dict) -> list:
+    names = _SIGNATURES[function][0].split()
+    values = {**dict.fromkeys(names, 0), **_BASES[_ENTRY_POINTS[function][0]], **changes}
+    if function == "moespec_read_sum":
+        values["sum"] = ctypes.byref(ctypes.c_uint64())
+    for name in ("weights", "scales"):  # the batches' arrays of addresses: one null
+        values[name] = (ctypes.c_uint64 * 1)(0)
+    return [_ONE(*v) if isinstance(v, list) else v for v in (values[n] for n in names)]
+
+
+@pytest.mark.parametrize("function, changes, name", _CASES)
+def test_every_c_entry_point_refuses_an_argument_out_of_bounds_by_name(function, changes, name):
+    needs_function(function, _ENTRY_POINTS[function][1])
+    with pytest.raises(ValueError, match=f"^{function} refused {name}: it needs ") as refused:
+        call(function, *_arguments(function, changes))
+    assert "\n" not in str(refused.value) and "--" not in str(refused.value)
+
+
+def test_every_c_entry_point_but_the_suffix_index_and_step_c_has_refusal_cases():
+    # step.c's (moespec_step, moespec_experts) are in the model pass's and NativeExperts' tests;
+    # the suffix index's checks return their own values (moespec.decoding.suffix)
+    checked = {n for n in _SIGNATURES if not n.startswith("moespec_suffix")}
+    assert checked - {"moespec_step", "moespec_experts"} == set(_ENTRY_POINTS)
+
+
+@needs_native
+def test_a_call_the_c_checks_refuse_reaches_the_caller_as_one_value_error():
+    # through the wrapper: an attention of no query heads, the call's integers named
+    needs_function(nat.ATTENTION[FAMILY] + "_rows", ())
+    keys = torch.zeros(1, 1, 4, 8, dtype=torch.bfloat16)
+    with pytest.raises(ValueError, match=r"_rows refused H: it needs H >= 1 \(called with .*H = 0"):
+        nat.attend_rows(torch.zeros(2, 0, 8, dtype=torch.bfloat16), keys, keys, 0.5)

@@ -4,8 +4,13 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from moespec.kernels.native import attention_function
+from moespec.kernels.isa import this_cpu
+from moespec.kernels.native import attention_function, family_lacks, unavailable_here
 from moespec.models.layers import attend, rms_norm, rotate
+
+# skipped with the machine's own reason only: where it has the loops, a build without them fails
+NO_ATTENTION = unavailable_here() or family_lacks("attention", this_cpu()[2])
+needs_native_attention = pytest.mark.skipif(NO_ATTENTION is not None, reason=str(NO_ATTENTION))
 
 
 def rotate_half(x):
@@ -40,12 +45,13 @@ def test_grouped_query_rows_equal_the_library_grouped_path_in_bf16(tokens, cache
     assert torch.equal(attend(q, keys, values, mask), expected)
 
 
-@pytest.mark.skipif(attention_function() is None, reason="no native attention on this CPU/build")
+@needs_native_attention
 @pytest.mark.parametrize("heads, kv_heads", [(4, 4), (4, 2), (6, 2), (8, 2), (16, 2)])
 @pytest.mark.parametrize("cached", [0, 7, 300])
 def test_one_row_bf16_attention_is_native_up_to_4_heads_per_key_head(heads, kv_heads, cached):
     """One-row bf16 attention over a cache view: within one rounding of the float64 value on
     the native path (at most 4 query heads per key head), else the library's bits."""
+    assert attention_function() is not None  # the machine has it: the build must too
     generator = torch.Generator().manual_seed(heads * 1000 + cached)
     dim, length = 24, cached + 1  # 24: a ragged end on both ISAs' vectors
     store = torch.randn(2, 1, kv_heads, length + 9, dim, generator=generator).bfloat16()
@@ -89,12 +95,14 @@ def test_rms_norm_equals_the_hugging_face_formula(dtype):
     assert torch.equal(rms_norm(x, weight, 1e-6), expected)
 
 
-@pytest.mark.skipif(attention_function() is None, reason="no native attention on this CPU/build")
+@needs_native_attention
 @pytest.mark.parametrize("heads, kv_heads", [(8, 1), (6, 1), (12, 2)])
 def test_native_attention_gives_each_head_the_bits_it_gets_alone(heads, kv_heads):
     """Query heads are swept up to 4 at a time per key head: a head's bits are the same in
     any sweep, and within one rounding of the float64 attention."""
     from moespec.kernels.native import attend_one
+
+    assert attention_function() is not None  # the machine has it: the build must too
 
     generator = torch.Generator().manual_seed(heads)
     dim, length = 40, 70

@@ -1,6 +1,7 @@
 """The native model pass (moespec.models.native_step): one call per pass, as accurate as the
 eager bf16 pass, each row of a verification pass with its one-token bits, eager where it
-cannot run and saying why."""
+cannot run and saying why. Where `moespec env` says the pass runs on this machine, a model it
+declines fails these tests: they skip only with the machine's own reason (tests.native)."""
 
 import pytest
 import torch
@@ -9,10 +10,11 @@ from moespec.decoding import Sampler, generate
 from moespec.decoding.draft_policy import DraftLengthPolicy
 from moespec.decoding.drafters import ModelDrafter
 from moespec.kernels import native as nat
-from moespec.kernels.isa import cpu_flags, this_cpu
+from moespec.kernels.isa import this_cpu
 from moespec.models import load_model
 from moespec.models.native_step import NativeStep
 from tests.checkpoints import hf_model, save_checkpoint
+from tests.native import needs_attention, needs_loops, needs_native_pass
 
 # qwen3_moe: q/k norms per head, an untied head, a dense layer among MoE ones; qwen3: dense,
 # tied; mixtral: no q/k norm, renormalised top-k; olmoe: norms over the whole projection
@@ -35,9 +37,11 @@ def checkpoints(tmp_path_factory):
 
 
 def native_model(directory, **kwargs):
+    """The checkpoint in bf16, its passes native: skipped only where this machine cannot run
+    the native pass, a failure where it can and the pass declines the model."""
+    needs_native_pass()
     model = load_model(directory, dtype="bf16", **kwargs)[0]
-    if (report := model.native_report())["native"] is False:
-        pytest.skip(f"no native pass here: {report['note']}")
+    assert model.native_report() == {"native": True, "note": None}
     return model
 
 
@@ -149,9 +153,7 @@ def test_the_routing_sink_sees_the_routing_and_changes_nothing(checkpoints):
 
 
 def test_int8_weights_run_natively(checkpoints):
-    name, why = nat.layout_function("int8", this_cpu()[2])
-    if name is None:
-        pytest.skip(f"no native int8 loops here: {why}")
+    needs_loops("int8")
     model = native_model(checkpoints("qwen3_moe"), weights="int8")
     prompt, tokens = stream(5, tokens=9)
     native = teacher_forced(model, prompt, tokens)
@@ -177,8 +179,7 @@ def test_a_cache_that_grows_during_native_passes_keeps_its_positions(checkpoints
 
 
 def test_the_avx2_loops_give_a_native_pass_of_the_same_properties(checkpoints):
-    if "fma" not in cpu_flags() or not nat.native().has("moespec_bf16_pairs_avx2"):
-        pytest.skip("the AVX2 loops need AVX2 and FMA, which this CPU or build lacks")
+    needs_native_pass("avx2")
     model = native_model(checkpoints("qwen3_moe"))
     avx2 = NativeStep(model, family="avx2")
     prompt, tokens = stream(7, tokens=9)
@@ -196,6 +197,7 @@ def test_the_avx2_loops_give_a_native_pass_of_the_same_properties(checkpoints):
 
 
 def test_passes_the_native_pass_cannot_take_run_eagerly_and_say_why(checkpoints):
+    needs_native_pass()  # the notes below are the model's, after the machine's
     fp32 = load_model(checkpoints("qwen3_moe"), dtype="fp32")[0]
     assert fp32.native_report() == {
         "native": False,
@@ -266,18 +268,6 @@ def test_a_cache_whose_inner_layers_moved_is_written_where_they_are_now(checkpoi
         assert torch.equal(t[:, :, len(prompt) : cache.length], before)
 
 
-def _families():
-    """The CPU families whose native loops this host runs: its own, and AVX2 where it has FMA."""
-    families = [this_cpu()[2]]
-    if (
-        families[0] != "avx2"
-        and "fma" in cpu_flags()
-        and nat.native().has("moespec_bf16_pairs_avx2")
-    ):
-        families.append("avx2")
-    return families
-
-
 @pytest.mark.parametrize("family", ["this", "avx2"])
 @pytest.mark.parametrize("shape", [(4, 2, 64, 64), (6, 3, 40, 24), (8, 1, 128, 128)])
 def test_the_rows_attention_gives_each_row_its_one_row_bits(family, shape):
@@ -285,8 +275,7 @@ def test_the_rows_attention_gives_each_row_its_one_row_bits(family, shape):
     # of the one-row attention over exactly those positions (heads of a key head and rows
     # share a sweep; ragged head dims take the scalar ends)
     family = this_cpu()[2] if family == "this" else family
-    if family not in _families() or nat.ATTENTION.get(family) is None:
-        pytest.skip(f"no native {family} attention here")
+    needs_attention(family)
     heads, kv, dim, dv = shape
     g = torch.Generator().manual_seed(sum(shape))
     rows, length = 9, 40
@@ -322,9 +311,9 @@ def test_the_rows_attention_gives_each_row_its_one_row_bits(family, shape):
 def demo_target():
     from moespec.demo import demo_paths
 
+    needs_native_pass()
     model = load_model(demo_paths()[0])[0]
-    if model.native_report()["native"] is False:
-        pytest.skip("no native pass here")
+    assert model.native_report() == {"native": True, "note": None}
     return model
 
 
@@ -333,8 +322,7 @@ def test_the_demo_targets_nine_token_pass_is_nine_one_token_passes(demo_target, 
     # the pass speculation verifies with, on the model it is measured on: every row (logits,
     # keys, values) of one pass of 9 has the bits of 9 one-token passes, in either expert order
     family = this_cpu()[2] if family == "this" else family
-    if family not in _families():
-        pytest.skip(f"no native {family} loops here")
+    needs_native_pass(family)
     step = NativeStep(demo_target, family=family)
     g = torch.Generator().manual_seed(5)
     prompt = torch.randint(0, 4096, (1, 64), generator=g)
@@ -375,3 +363,72 @@ def test_a_pass_whose_scratch_is_held_takes_buffers_of_its_own(demo_target):
     finally:
         step._scratch.busy = 0
     assert torch.equal(free, held)
+
+
+def test_greedy_bf16_generation_takes_the_native_pass_wherever_env_says_it_runs(checkpoints):
+    # `moespec env` says the pass runs on this machine (else skipped with its reason): every
+    # pass of plain greedy decoding of a supported bf16 checkpoint is then a native one
+    model = native_model(checkpoints("qwen3_moe"))
+    records = list(generate(model, stream(10)[0], max_tokens=12))
+    assert sum(len(r.tokens) for r in records) == 12
+    assert model.native_step().passes == len(records)  # the prompt's pass and every step's
+
+
+def test_a_pass_past_the_caches_capacity_is_refused_by_name_and_the_cache_kept(
+    checkpoints, monkeypatch
+):
+    model = native_model(checkpoints("qwen3"))
+    cache = model.new_cache(capacity=8)
+    model(torch.tensor([[1, 2, 3, 4, 5, 6]]), cache)
+    monkeypatch.setattr(cache, "reserve", lambda tokens: None)  # a cache that does not grow
+    kept = [t.clone() for t in cache.keys + cache.values]
+    wanted = r"moespec_step refused capacity: it needs start \+ T <= capacity \(.*T = 4, start = 6"
+    with pytest.raises(ValueError, match=wanted + ", capacity = 8"):
+        model(torch.tensor([[1, 2, 3, 4]]), cache, all_logits=True)
+    assert cache.length == 6
+    assert all(torch.equal(a, b) for a, b in zip(kept, cache.keys + cache.values, strict=True))
+
+
+def _step_arguments(step: NativeStep, **changes) -> list:
+    """A call of moespec_step that reads nothing before its checks (null pointers, but the
+    model's), with `changes` by argument name."""
+    names = nat._SIGNATURES["moespec_step"][0].split()
+    args = dict.fromkeys(names, 0)
+    args.update(m=step._model, T=1, start=0, capacity=16, threads=1, attend_threads=1)
+    args.update(changes)
+    return [args[n] for n in names]
+
+
+@pytest.mark.parametrize(
+    "changes, refused",
+    [
+        ({"T": 0}, "T"),
+        ({"T": -3}, "T"),
+        ({"start": -1}, "start"),
+        ({"start": 15, "T": 2}, "capacity"),
+        ({"capacity": 0}, "capacity"),
+        ({"threads": 0}, "threads"),
+        ({"attend_threads": -1}, "attend_threads"),
+    ],
+)
+def test_the_c_pass_refuses_arguments_out_of_bounds_by_name(checkpoints, changes, refused):
+    step = native_model(checkpoints("qwen3_moe")).native_step()
+    with pytest.raises(ValueError, match=f"^moespec_step refused {refused}: it needs "):
+        nat.call("moespec_step", *_step_arguments(step, **changes))
+
+
+def test_the_c_pass_refuses_a_model_whose_shapes_its_buffers_do_not_hold(checkpoints):
+    step = native_model(checkpoints("qwen3_moe")).native_step()
+    heads = step.model.heads
+    for field, value in (("rotary", 2048), ("rotary", 3), ("kv_heads", heads + 1)):
+        before = getattr(step.model, field)
+        setattr(step.model, field, value)
+        try:
+            with pytest.raises(ValueError, match="refused m: it needs the model's shapes"):
+                nat.call("moespec_step", *_step_arguments(step))
+        finally:
+            setattr(step.model, field, before)
+    moe = step.moe_layers[0]
+    step._layers[moe].top_k = step._layers[moe].experts + 1  # more than its experts to pick
+    with pytest.raises(ValueError, match="refused m"):
+        nat.call("moespec_step", *_step_arguments(step))

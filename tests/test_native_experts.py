@@ -1,5 +1,8 @@
 """One MoE layer's expert operation as the native pass runs it (NativeExperts), and the
-calibration timing it where the engine's passes run natively."""
+calibration timing it where the engine's passes run natively; the CPU expert kernels on
+passes of no tokens."""
+
+import threading
 
 import pytest
 import torch
@@ -7,8 +10,10 @@ import torch.nn.functional as F
 
 from moespec.calibrate.bench import BenchSettings, ExpertOpBenchmark
 from moespec.errors import SettingError
-from moespec.kernels import ExpertWeights
+from moespec.kernels import KERNELS, ExpertWeights
+from moespec.kernels import native as nat
 from moespec.models.native_step import NativeExperts, experts_unsupported
+from tests.native import needs_library, needs_loops
 
 E, H, I, TOP_K = 8, 64, 32, 2
 
@@ -23,18 +28,20 @@ def make_experts(dtype=torch.bfloat16, int8=False) -> ExpertWeights:
 
 
 def native_experts(**kwargs):
+    """Experts and their native operation: skipped only where this machine has no native
+    loops for their weights, a failure where it has them and the operation declines."""
+    needs_loops("int8" if kwargs.get("int8") else "bf16")
     experts = make_experts(**kwargs)
-    if (why := experts_unsupported(experts)) is not None:
-        pytest.skip(f"no native expert operation here: {why}")
+    assert experts_unsupported(experts) is None
     return experts, NativeExperts(experts)
 
 
-def routing(tokens, seed=1):
+def routing(tokens, seed=1, top_k=TOP_K):
     g = torch.Generator().manual_seed(seed)
     x = torch.randn(tokens, H, generator=g).to(torch.bfloat16)
-    ids = torch.stack([torch.randperm(E, generator=g)[:TOP_K] for _ in range(tokens)])
+    ids = torch.stack([torch.randperm(E, generator=g)[:top_k] for _ in range(tokens)])
     ids[-1] = ids[0]  # a repeated expert set, so that dedup shares reads
-    weights = torch.softmax(torch.randn(tokens, TOP_K, generator=g), dim=-1)
+    weights = torch.softmax(torch.randn(tokens, top_k, generator=g), dim=-1)
     return x, ids, weights
 
 
@@ -81,18 +88,110 @@ def test_expert_ids_outside_the_layer_and_misshapen_weights_are_refused():
         native(x, ids[:, :1] % E, weights, dedup=True)  # weights of another shape
 
 
-def needs_the_library():
-    from moespec.kernels import native as nat
-
-    if nat.native().lib is None:
-        pytest.skip(f"no native library here: {nat.native().reason}")
-
-
 def test_experts_the_native_operation_cannot_take_are_named():
-    needs_the_library()
+    needs_library()
     assert "bf16" in experts_unsupported(make_experts(dtype=torch.float32))
     with pytest.raises(ValueError, match="cannot run these experts"):
         NativeExperts(make_experts(dtype=torch.float32))
+
+
+@pytest.mark.parametrize("int8", [False, True])
+@pytest.mark.parametrize("dedup", [False, True])
+def test_no_tokens_give_an_empty_output(int8, dedup):
+    _, native = native_experts(int8=int8)
+    x, ids, weights = routing(3)
+    out = native(x[:0], ids[:0], weights[:0], dedup=dedup)
+    assert out.shape == (0, H) and out.dtype == torch.bfloat16
+    # and the module is as it was: a pass of tokens after it gets its bits
+    assert torch.equal(native(x, ids, weights, dedup), native(x, ids, weights, not dedup))
+
+
+def test_concurrent_calls_give_the_bits_of_serial_calls():
+    # two threads call one module at once with other tokens and other top k: each call's k
+    # goes with the call (a k kept in the module would be read by the other thread's call)
+    _, native = native_experts()
+    cases = [routing(9, seed=2, top_k=4), routing(4, seed=3, top_k=1)]
+    serial = [native(*case, dedup=d) for case in cases for d in (False, True)]
+    mismatches, errors = [], []
+
+    def run(case, dedups, wanted):
+        try:
+            for _ in range(200):
+                for d, want in zip(dedups, wanted, strict=True):
+                    if not torch.equal(native(*case, dedup=d), want):
+                        mismatches.append(case[1].shape)
+        except Exception as error:  # noqa: BLE001 - reported by the assertion below
+            errors.append(error)
+
+    threads = [
+        threading.Thread(target=run, args=(case, (False, True), serial[2 * i : 2 * i + 2]))
+        for i, case in enumerate(cases)
+    ]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors and not mismatches
+
+
+def _experts_arguments(native, **changes) -> list:
+    """A call of moespec_experts that reads nothing before its checks (null tensors), with
+    `changes` by argument name."""
+    names = nat._SIGNATURES["moespec_experts"][0].split()
+    args = dict.fromkeys(names, 0)
+    args.update(zip(("m", "L"), native._structures, strict=True))
+    args.update({"T": 1, "k": 1, "threads": 1})
+    args.update(changes)
+    return [args[n] for n in names]
+
+
+@pytest.mark.parametrize(
+    "changes, refused",
+    [({"T": -1}, "T"), ({"k": -2}, "k"), ({"threads": 0}, "threads")],
+)
+def test_the_c_expert_operation_refuses_arguments_out_of_bounds_by_name(changes, refused):
+    _, native = native_experts()
+    with pytest.raises(ValueError, match=f"^moespec_experts refused {refused}: it needs "):
+        nat.call("moespec_experts", *_experts_arguments(native, **changes))
+
+
+def _kernel_experts(dtype, form) -> ExpertWeights:
+    g = torch.Generator().manual_seed(4)
+    experts = ExpertWeights(
+        (torch.randn(E, 2 * I, H, generator=g) * 0.1).to(dtype),
+        (torch.randn(E, H, I, generator=g) * 0.1).to(dtype),
+    )
+    if form == "packed":
+        return experts.pack()
+    return experts.quantize_int8() if form == "int8" else experts
+
+
+FORMS = [
+    (torch.float32, "as loaded"),
+    (torch.float32, "packed"),
+    (torch.bfloat16, "as loaded"),
+    (torch.bfloat16, "packed"),
+    (torch.bfloat16, "int8"),
+]
+
+
+@pytest.mark.parametrize("kernel", sorted(KERNELS))
+@pytest.mark.parametrize("dtype, form", FORMS, ids=[f"{d}-{f}" for d, f in FORMS])
+def test_every_cpu_expert_kernel_takes_a_pass_of_no_tokens(kernel, dtype, form):
+    experts = _kernel_experts(dtype, form)
+    x = torch.randn(3, H).to(dtype)
+    ids = torch.tensor([[0, 5], [5, 2], [7, 0]])
+    weights = torch.softmax(torch.randn(3, TOP_K), dim=-1)
+    if kernel == "dedup-linear" and experts.is_packed:  # it takes unpacked weights only
+        with pytest.raises(ValueError, match="needs unpacked expert weights"):
+            KERNELS[kernel](x[:0], ids[:0], weights[:0], experts)
+        return
+    out = KERNELS[kernel](x[:0], ids[:0], weights[:0], experts)
+    assert out.shape == (0, H) and out.dtype == dtype
+    full = KERNELS[kernel](x, ids, weights, experts)  # and tokens still give their values
+    exact = KERNELS["reference"](x, ids, weights, experts)
+    assert full.shape == (3, H) and exact.abs().max() > 0
+    assert ((full.float() - exact.float()).abs().max() / exact.float().abs().max()) < 0.02
 
 
 SETTINGS = BenchSettings(pass_sizes=(1, 3), chosen_levels=2, repeats=1, warmup=0, flush_bytes=0)
@@ -123,7 +222,7 @@ def test_the_calibration_times_the_native_operation_where_the_experts_take_it(
 
 
 def test_asking_for_the_native_operation_where_it_cannot_run_fails_in_one_line():
-    needs_the_library()
+    needs_library()
     fp32 = make_experts(dtype=torch.float32)
     with pytest.raises(SettingError, match="cannot be timed here: .*bf16"):
         ExpertOpBenchmark({0: fp32}, TOP_K, SETTINGS, native=True)

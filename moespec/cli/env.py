@@ -2,11 +2,13 @@
 
 The torch version, PyTorch's kernel dispatch level (`ATEN_CPU_CAPABILITY` lowers it), the
 CPU's family and flags, oneDNN's instruction limit (`ONEDNN_MAX_CPU_ISA`), whether moespec's
-native loops run here (or why not: `moespec.kernels.native`), the product path
-chosen for bf16, fp32 and int8 weights (moespec.kernels.cpu), the intra-op threads, and the
-memory: total and available, and with --model what that model will hold (its weights in their
-final layout and its KV cache per position, counted before a byte is read), with the context
-that fits beside them, and this process's resident memory after counting.
+native loops run here (or why not: `moespec.kernels.native`) and whether the native model pass
+does (`moespec.kernels.cpu.native_pass_reason`: where it does, the tests assert that decoding
+takes it), the product path chosen for bf16, fp32 and int8 weights (moespec.kernels.cpu), the
+intra-op threads, and the memory: total and available, and with --model what that model will
+hold (its weights in their final layout and its KV cache per position, counted before a byte
+is read), with the context that fits beside them, and this process's resident memory after
+counting.
 """
 
 import argparse
@@ -46,6 +48,7 @@ def run(args: argparse.Namespace) -> int:
         f"onednn max isa: {facts['onednn_max_isa'] or 'not limited'}",
         f"native loops: {facts['native']}"
         + "".join(f"; {k} {f}" for k, f in facts["native_functions"].items() if f),
+        f"native model pass: {facts['native_pass']}",
     ]
     for name, path in facts["paths"].items():
         why = facts["fallbacks"].get(name)

@@ -27,7 +27,16 @@ from dataclasses import dataclass
 import torch
 
 from moespec.kernels.isa import FLAGS, cpu_family, cpu_flags, this_cpu
-from moespec.kernels.native import INT8, PAIRS, attention_function, layout_function, native
+from moespec.kernels.native import (
+    ATTENTION,
+    INT8,
+    PAIRS,
+    attention_function,
+    family_lacks,
+    layout_function,
+    native,
+    unavailable_here,
+)
 
 # Devices whose weights take this CPU's layouts: the CPU, and the meta device of a converted
 # model's skeleton (moespec.models.converted), whose layouts must be the CPU's to the byte.
@@ -60,6 +69,7 @@ class CpuPaths:
     fp32: str
     int8: str
     native_attention: str | None = None  # the native one-row bf16 attention, if it runs
+    native_pass: str | None = None  # why the native model pass does not run here (None: it does)
 
     @property
     def family(self) -> str:
@@ -103,11 +113,12 @@ class CpuPaths:
             "flags": list(self.flags),
             "onednn_max_isa": self.onednn_max_isa,
             "native": self.native or "available",
+            "native_pass": self.native_pass or "available",
             "native_functions": {
                 "bf16": self.native_bf16,
                 "int8": self.native_int8,
                 "attention": self.native_attention,
-                "pass": "moespec_step" if native().has("moespec_step") else None,
+                "pass": None if self.native_pass else "moespec_step",
             },
             "paths": {"bf16": self.bf16, "fp32": self.fp32, "int8": self.int8},
             "fallbacks": {n: self.fallback(n) for n in ("bf16", "fp32") if self.fallback(n)},
@@ -137,6 +148,32 @@ def weight_paths(
         "dense_path": paths.path(dense_format, activations),
         "cpu": paths.to_dict(),
     }
+
+
+def native_pass_lacks(family: str | None = None) -> str | None:
+    """Why this machine, by its own facts, cannot run the native model pass
+    (moespec.models.native_step) with the loops of CPU `family` (this CPU's): no library here
+    (turned off, not x86-64, no C compiler), or a family without the bf16 pair loops or the
+    attention. None where it can: a supported bf16 model that then runs eagerly is a fault, and
+    the tests fail on it rather than skip."""
+    family = family or this_cpu()[2]
+    return unavailable_here() or family_lacks("bf16", family) or family_lacks("attention", family)
+
+
+def native_pass_reason(family: str | None = None) -> str | None:
+    """Why the native model pass does not run here whatever the model (`moespec env` reports
+    it): the machine's reason (`native_pass_lacks`), else the build's (it failed, or lacks a
+    function the pass calls). None: it runs every supported bf16 model's passes."""
+    family = family or this_cpu()[2]
+    if (why := native_pass_lacks(family)) is not None:
+        return why
+    name, why = layout_function("bf16", family)
+    if name is None:
+        return why
+    for symbol in ("moespec_step", ATTENTION[family], ATTENTION[family] + "_rows"):
+        if not native().has(symbol):
+            return f"the {native().compiler} build lacks {symbol}"
+    return None
 
 
 def onednn_packs(dtype: torch.dtype) -> bool:
@@ -185,4 +222,5 @@ def cpu_paths() -> CpuPaths:
         fp32="onednn-packed" if fp32 else "aten-linear",
         int8="native-int8-pairs" if int8 else "aten-int8pack-mm",
         native_attention=getattr(attention_function(), "__name__", None),
+        native_pass=native_pass_reason(family),
     )

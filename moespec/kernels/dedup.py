@@ -23,6 +23,8 @@ def group_by_expert(expert_ids: torch.Tensor) -> dict[int, list[tuple[int, int]]
 def _dedup(x, expert_ids, expert_weights, experts):
     # x: [T, H]; expert_ids, expert_weights: [T, m]
     top_k = expert_ids.shape[1]
+    if expert_ids.numel() == 0:  # no slots: nothing to multiply (an empty index is float)
+        return torch.zeros_like(x)
     slots, groups = [], []  # slots ordered by expert; one group per distinct expert
     for e, members in group_by_expert(expert_ids).items():
         groups.append((e, len(slots), len(slots) + len(members)))

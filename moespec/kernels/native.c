@@ -36,7 +36,61 @@ INLINE float from_bf16(uint16_t h) {
     return f;
 }
 
-int moespec_native_version(void) { return 3; }
+int moespec_native_version(void) { return 4; }
+
+/* Every exported function checks the integers its loops trust before it reads or writes a byte
+ * (O(1), or O(n) over a batch's products): one out of bounds returns minus its position in the
+ * call, counted from 1, so that moespec/kernels/native.py raises a ValueError naming it where a
+ * bad call used to crash the process. Pointers cannot be checked: the callers pass tensors of
+ * the sizes these integers describe. */
+#define REFUSE(bad, position)                                                                \
+    do {                                                                                     \
+        if (bad) return -(position);                                                         \
+    } while (0)
+/* the same, for a check that gives the refused position itself (0: none refused) */
+#define REFUSE_AT(position)                                                                  \
+    do {                                                                                     \
+        int refused_ = (position);                                                           \
+        if (refused_) return -refused_;                                                      \
+    } while (0)
+
+/* A single product's shapes (O, I, R, threads at positions at + 1 .. at + 4): the position of
+ * the first out of bounds, or 0. */
+static int product_refused(int64_t O, int64_t I, int64_t R, int threads, int at) {
+    return O < 0 ? at + 1 : I < 1 ? at + 2 : R < 0 ? at + 3 : threads < 1 ? at + 4 : 0;
+}
+
+/* A batch's shapes and every product's rows within its input (the bf16 batches' positions;
+ * the int8 ones hold the scales at 3, so `at` 1 shifts the positions past it): the position of
+ * the first out of bounds, or 0. The output rows are the caller's to size (`batch_products`
+ * checks them against the tensor it allocates). */
+static int batch_refused(int64_t n, int64_t x_rows, const int64_t *xrow, const int64_t *count,
+                         const int64_t *orow, int64_t O, int64_t I, int threads, int at) {
+    if (n < 0) return 1;
+    if (x_rows < 0) return 4 + at;
+    if (O < 0) return 9 + at;
+    if (I < 1) return 10 + at;
+    if (threads < 1) return 11 + at;
+    for (int64_t k = 0; k < n; k++) {
+        if (count[k] < 0) return 6 + at;
+        if (xrow[k] < 0 || xrow[k] > x_rows - count[k]) return 5 + at;
+        if (orow[k] < 0) return 8 + at;
+    }
+    return 0;
+}
+
+/* The attention's shapes, refused at the positions in `at` (H, G, L, D, Dv, the four strides,
+ * threads): H query heads in groups of G per key head, at least one position. */
+static int attend_refused(int64_t H, int64_t G, int64_t L, int64_t D, int64_t Dv, int64_t k_head,
+                          int64_t k_row, int64_t v_head, int64_t v_row, int threads,
+                          const int at[10]) {
+    int64_t bad[10] = {H < 1,      G < 1 || (H >= 1 && H % G), L < 1,      D < 1, Dv < 1,
+                       k_head < 0, k_row < 0,                  v_head < 0, v_row < 0,
+                       threads < 1};
+    for (int i = 0; i < 10; i++)
+        if (bad[i]) return at[i];
+    return 0;
+}
 
 
 #define TILE 4 /* input rows per tile of the row-by-row candidates */
@@ -54,7 +108,7 @@ int moespec_native_version(void) { return 3; }
  * ragged last chunk zero-padded. One allocation per call; NULL when out of memory. */
 static void *interleave(const uint16_t *x, int64_t R, int64_t I, int lanes, int wide) {
     int64_t chunks = (I + lanes - 1) / lanes, size = R * chunks * lanes * (wide ? 4 : 2);
-    void *buf = aligned_alloc(64, (size_t)(size + 63) / 64 * 64);
+    void *buf = aligned_alloc(64, (size_t)(size + 64) / 64 * 64); /* not 0 bytes: R may be 0 */
     if (!buf) return NULL;
     if (I % lanes) memset(buf, 0, (size_t)size);
     for (int64_t t = 0; t < R; t += TILE) {
@@ -107,7 +161,7 @@ static void *interleave(const uint16_t *x, int64_t R, int64_t I, int lanes, int 
 
 /* x bf16 [R, I] -> fp32 [R, xs] (zero-padded past I), NULL without memory */
 static float *widen_rows(const uint16_t *x, int64_t R, int64_t I, int64_t xs) {
-    float *xf = (float *)calloc((size_t)(R * xs), 4);
+    float *xf = (float *)calloc((size_t)(R * xs) + 1, 4); /* + 1: R may be 0 */
     if (xf)
         for (int64_t r = 0; r < R; r++)
             for (int64_t j = 0; j < I; j++) xf[r * xs + j] = from_bf16(x[r * I + j]);
@@ -122,7 +176,7 @@ static float *widen_rows(const uint16_t *x, int64_t R, int64_t I, int64_t xs) {
  * s = max|x| / 32767 (0 for an all-zero row; NaN for a row holding a NaN or an infinity, so
  * that its outputs are NaN and the fault shows). NULL without memory. */
 static int16_t *quantize_rows(const uint16_t *x, int64_t R, int64_t I, int64_t xs, float *scale) {
-    int16_t *q = (int16_t *)calloc((size_t)(R * xs), 2);
+    int16_t *q = (int16_t *)calloc((size_t)(R * xs) + 1, 2); /* + 1: R may be 0 */
     if (!q) return NULL;
     for (int64_t r = 0; r < R; r++) {
         float m = 0.0f;
@@ -274,7 +328,7 @@ DP_TARGET int moespec_bf16_pairs_batch(int64_t n, const uint64_t *weights, const
                                        int64_t x_rows, const int64_t *xrow, const int64_t *count,
                                        uint16_t *out, const int64_t *orow, int64_t O, int64_t I,
                                        int threads) {
-    (void)x_rows; /* read in place: bf16 inputs need no widening */
+    REFUSE_AT(batch_refused(n, x_rows, xrow, count, orow, O, I, threads, 0));
     if (I % 2) return 2;
     int64_t JP = I / 2;
     BATCH_LOOP(SWEEPS[nr - 1]((const uint16_t *)weights[k] + g * JP * 2 * PAIR_GROUP, JP,
@@ -286,6 +340,7 @@ DP_TARGET int moespec_bf16_pairs_batch(int64_t n, const uint64_t *weights, const
 
 DP_TARGET int moespec_bf16_pairs(const uint16_t *P, const uint16_t *x, uint16_t *out, int64_t O,
                                  int64_t I, int64_t R, int threads) {
+    REFUSE_AT(product_refused(O, I, R, threads, 3));
     uint16_t *xp = NULL;
     if (I % 2) { /* the pair broadcast reads x two at a time: pad each row with a zero */
         xp = (uint16_t *)calloc((size_t)(R * (I + 1)), 2);
@@ -303,6 +358,7 @@ DP_TARGET int moespec_bf16_pairs(const uint16_t *P, const uint16_t *x, uint16_t 
 
 F5_TARGET int moespec_int8_avx512(const int8_t *W, const uint16_t *scales, const uint16_t *x,
                                   uint16_t *out, int64_t O, int64_t I, int64_t R, int threads) {
+    REFUSE_AT(product_refused(O, I, R, threads, 4));
     void *xi = interleave(x, R, I, 16, 1);
     if (!xi) return 1;
     PRODUCT(f5_tile, int8_t, float, 16, *from_bf16(scales[o]))
@@ -394,6 +450,7 @@ QSWEEPS(qpairs_vnni_sweep, VN_TARGET)
                     const uint16_t *X, int64_t x_rows, const int64_t *xrow,                  \
                     const int64_t *count, uint16_t *out, const int64_t *orow, int64_t O,     \
                     int64_t I, int threads) {                                                \
+        REFUSE_AT(batch_refused(n, x_rows, xrow, count, orow, O, I, threads, 1));           \
         int64_t JP = (I + 1) / 2, xs = 2 * JP;                                               \
         float *xsc;                                                                          \
         int16_t *xq = quantized_input(X, x_rows, I, &xsc);                                   \
@@ -416,6 +473,7 @@ F5_TARGET int moespec_int8_pairs_avx512(const int8_t *P, const uint16_t *scales,
                                         int64_t R, int threads) {
     uint64_t w = (uint64_t)(uintptr_t)P, s = (uint64_t)(uintptr_t)scales;
     int64_t zero = 0;
+    REFUSE_AT(product_refused(O, I, R, threads, 4));
     return moespec_int8_pairs_avx512_batch(1, &w, &s, x, R, &zero, &R, out, &zero, O, I, threads);
 }
 
@@ -424,6 +482,7 @@ VN_TARGET int moespec_int8_pairs_vnni(const int8_t *P, const uint16_t *scales, c
                                       int threads) {
     uint64_t w = (uint64_t)(uintptr_t)P, s = (uint64_t)(uintptr_t)scales;
     int64_t zero = 0;
+    REFUSE_AT(product_refused(O, I, R, threads, 4));
     return moespec_int8_pairs_vnni_batch(1, &w, &s, x, R, &zero, &R, out, &zero, O, I, threads);
 }
 #endif /* MOESPEC_NO_AVX512 */
@@ -508,11 +567,13 @@ V2_TARGET static int v2_product(const void *W, const int kind, const uint16_t *s
 
 int moespec_bf16_avx2(const uint16_t *W, const uint16_t *x, uint16_t *out, int64_t O, int64_t I,
                       int64_t R, int threads) {
+    REFUSE_AT(product_refused(O, I, R, threads, 3));
     return v2_product(W, 0, NULL, x, out, O, I, R, threads);
 }
 
 int moespec_int8_avx2(const int8_t *Q, const uint16_t *scales, const uint16_t *x, uint16_t *out,
                       int64_t O, int64_t I, int64_t R, int threads) {
+    REFUSE_AT(product_refused(O, I, R, threads, 4));
     return v2_product(Q, 1, scales, x, out, O, I, R, threads);
 }
 
@@ -619,6 +680,7 @@ V2_TARGET int moespec_bf16_pairs_avx2_batch(int64_t n, const uint64_t *weights,
                                             const int64_t *xrow, const int64_t *count,
                                             uint16_t *out, const int64_t *orow, int64_t O,
                                             int64_t I, int threads) {
+    REFUSE_AT(batch_refused(n, x_rows, xrow, count, orow, O, I, threads, 0));
     int64_t JP = (I + 1) / 2, xs = 2 * JP;
     float *xf = widen_rows(X, x_rows, I, xs);
     if (!xf) return 1;
@@ -638,6 +700,7 @@ V2_TARGET int moespec_bf16_pairs_avx2(const uint16_t *P, const uint16_t *x, uint
                                       int64_t O, int64_t I, int64_t R, int threads) {
     uint64_t w = (uint64_t)(uintptr_t)P;
     int64_t zero = 0;
+    REFUSE_AT(product_refused(O, I, R, threads, 3));
     return moespec_bf16_pairs_avx2_batch(1, &w, x, R, &zero, &R, out, &zero, O, I, threads);
 }
 
@@ -714,6 +777,7 @@ V2_TARGET int moespec_int8_pairs_avx2_batch(int64_t n, const uint64_t *weights,
                                             const int64_t *count, uint16_t *out,
                                             const int64_t *orow, int64_t O, int64_t I,
                                             int threads) {
+    REFUSE_AT(batch_refused(n, x_rows, xrow, count, orow, O, I, threads, 1));
     int64_t JP = (I + 1) / 2, xs = 2 * JP;
     float *xsc;
     int16_t *xq = quantized_input(X, x_rows, I, &xsc);
@@ -739,6 +803,7 @@ V2_TARGET int moespec_int8_pairs_avx2(const int8_t *P, const uint16_t *scales, c
                                       int threads) {
     uint64_t w = (uint64_t)(uintptr_t)P, s = (uint64_t)(uintptr_t)scales;
     int64_t zero = 0;
+    REFUSE_AT(product_refused(O, I, R, threads, 4));
     return moespec_int8_pairs_avx2_batch(1, &w, &s, x, R, &zero, &R, out, &zero, O, I, threads);
 }
 
@@ -847,6 +912,9 @@ V2_TARGET int moespec_int8_pairs_avx2(const int8_t *P, const uint16_t *scales, c
                            int64_t G, int64_t L0, int64_t D, int64_t Dv, int64_t k_head,      \
                            int64_t k_row, int64_t v_head, int64_t v_row, float scale,         \
                            int threads) {                                                    \
+        static const int at[10] = {8, 9, 10, 11, 12, 13, 14, 15, 16, 18};                    \
+        REFUSE_AT(q_row < 0 ? 2 : T < 0 ? 3 : o_row < 0 ? 7 : 0);                            \
+        REFUSE_AT(attend_refused(H, G, L0, D, Dv, k_head, k_row, v_head, v_row, threads, at)); \
         int64_t per = (T * G + QMAX - 1) / QMAX, items = H / G * per;                         \
         int64_t DP = (D + LANES - 1) / LANES * LANES;                                        \
         int fail = 0;                                                                        \
@@ -881,6 +949,8 @@ V2_TARGET int moespec_int8_pairs_avx2(const int8_t *P, const uint16_t *scales, c
     TARGET int NAME(const uint16_t *q, const uint16_t *k, const uint16_t *v, uint16_t *out,   \
                     int64_t H, int64_t G, int64_t L, int64_t D, int64_t Dv, int64_t k_head,   \
                     int64_t k_row, int64_t v_head, int64_t v_row, float scale, int threads) { \
+        static const int at[10] = {5, 6, 7, 8, 9, 10, 11, 12, 13, 15};                       \
+        REFUSE_AT(attend_refused(H, G, L, D, Dv, k_head, k_row, v_head, v_row, threads, at)); \
         return NAME##_rows(q, 0, 1, k, v, out, 0, H, G, L, D, Dv, k_head, k_row, v_head,      \
                            v_row, scale, threads);                                           \
     }
@@ -921,7 +991,9 @@ ATTEND(moespec_attend_bf16_avx2, V2_TARGET, __m256, 8, 4, _mm256_setzero_ps(), w
  * only: a read at the rate the memory gives, the ceiling of a product reading these bytes
  * once. Returns the sum, so the loads cannot be dropped. */
 #define READ_ITEM 4096 /* 128-byte lines per item */
-V2_TARGET uint64_t moespec_read_sum(const uint8_t *p, int64_t n, int threads) {
+V2_TARGET int moespec_read_sum(const uint8_t *p, int64_t n, int threads, uint64_t *sum) {
+    REFUSE(n < 0 || n % 128, 2);
+    REFUSE(threads < 1, 3);
     int64_t lines = n / 128, items = (lines + READ_ITEM - 1) / READ_ITEM;
     uint64_t total = 0;
     (void)threads; /* unused in a build without OpenMP */
@@ -941,7 +1013,8 @@ V2_TARGET uint64_t moespec_read_sum(const uint8_t *p, int64_t n, int threads) {
         _mm256_storeu_si256((__m256i *)lanes, s);
         total += lanes[0] + lanes[1] + lanes[2] + lanes[3];
     }
-    return total;
+    *sum = total;
+    return 0;
 }
 
 /* The pair layout made at load (moespec/kernels/native.py: pack_pairs): W [G * 64][P] units
@@ -951,8 +1024,8 @@ V2_TARGET uint64_t moespec_read_sum(const uint8_t *p, int64_t n, int threads) {
  * The same bytes, moved: 2-3x the rate of the strided tensor copy it replaces. */
 #define PACK_TILE 16
 #define PACK_PAIRS(NAME, T)                                                                    \
-    void NAME(const T *W, T *out, int64_t G, int64_t P, int threads) {                        \
-        (void)threads;                                                                         \
+    int NAME(const T *W, T *out, int64_t G, int64_t P, int threads) {                         \
+        REFUSE_AT(G < 0 ? 3 : P < 0 ? 4 : threads < 1 ? 5 : 0);                                \
         _Pragma("omp parallel for schedule(static) num_threads(threads)")                        \
         for (int64_t g = 0; g < G; g++) {                                                      \
             const T *src = W + g * PAIR_GROUP * P;                                             \
@@ -964,6 +1037,7 @@ V2_TARGET uint64_t moespec_read_sum(const uint8_t *p, int64_t n, int threads) {
                         dst[(p0 + p) * PAIR_GROUP + r] = src[r * P + p0 + p];                  \
             }                                                                                  \
         }                                                                                      \
+        return 0;                                                                              \
     }
 PACK_PAIRS(moespec_pack_pairs32, uint32_t)
 PACK_PAIRS(moespec_pack_pairs16, uint16_t)
@@ -974,10 +1048,10 @@ PACK_PAIRS(moespec_pack_pairs16, uint16_t)
  * fp32 as the tensor reference, so the bits agree. `pairs` is [ceil(O / 64)][ceil(I / 2)][64][2]
  * zero-filled by the caller (the padding stays zero); `scales` [O] bf16. No fp32 copy of W is
  * made: the tensor reference holds four. Rows are split over the threads. */
-V2_TARGET void moespec_quantize_pairs_bf16(const uint16_t *W, int64_t O, int64_t I,
-                                           int8_t *pairs, uint16_t *scales, int threads) {
+V2_TARGET int moespec_quantize_pairs_bf16(const uint16_t *W, int64_t O, int64_t I,
+                                          int8_t *pairs, uint16_t *scales, int threads) {
+    REFUSE_AT(O < 0 ? 2 : I < 1 ? 3 : threads < 1 ? 6 : 0); /* I >= 1: the row's last pair */
     int64_t units = (I + 1) / 2;
-    (void)threads;
 #pragma omp parallel num_threads(threads)
     {
         int8_t row[2 * units]; /* one row's q (the last pair zero-padded), scattered in pairs */
@@ -1028,4 +1102,5 @@ V2_TARGET void moespec_quantize_pairs_bf16(const uint16_t *W, int64_t O, int64_t
             }
         }
     }
+    return 0;
 }

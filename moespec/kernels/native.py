@@ -42,6 +42,11 @@ process loads it in milliseconds. Each ISA's functions carry their own target at
 one build serves any x86-64 CPU and the caller picks what the CPU has (`layout_function`).
 Where there is no compiler, the build fails, or `MOESPEC_NATIVE=0`, the library paths run
 instead and `moespec env` says why (`moespec.kernels.cpu`).
+
+Every entry point checks the integers its loops trust (sizes, row ranges, thread counts; the
+model pass that its positions fit the cache) before it touches memory, and returns minus the
+position of one out of bounds: `refused` makes that a one-line ValueError naming the argument,
+what it needs and the call's integers, where a bad call used to crash the process.
 """
 
 import ctypes
@@ -62,54 +67,80 @@ from moespec.kernels.isa import cpu_flags, this_cpu
 SOURCE = Path(__file__).with_name("native.c")
 # the model pass of moespec.models.native_step, built into the same library
 SOURCES = (SOURCE, Path(__file__).with_name("step.c"), Path(__file__).with_name("suffix.c"))
-VERSION = 3  # moespec_native_version() of the source this module speaks to
+VERSION = 4  # moespec_native_version() of the source this module speaks to
 PAIR_GROUP = 64  # output rows per group of the pair layout (native.c)
 
 _P, _I64, _INT = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int
+_PAIRS = ("P x out O I R threads", [_P, _P, _P, _I64, _I64, _I64, _INT])
+_INT8_PAIRS = ("P scales x out O I R threads", [_P, _P, _P, _P, _I64, _I64, _I64, _INT])
+# batches: product k multiplies rows xrow[k] .. xrow[k] + count[k] - 1 of X into rows orow[k] ..
+# of out; int8 adds the scales after the weights
+_BATCH = (
+    "n weights X x_rows xrow count out orow O I threads",
+    [_I64, _P, _P, _I64, *[_P] * 4, _I64, _I64, _INT],
+)
+_INT8_BATCH = (
+    "n weights scales X x_rows xrow count out orow O I threads",
+    [_I64, *[_P] * 3, _I64, *[_P] * 4, _I64, _I64, _INT],
+)
+# decode attention: H query heads, G per key head, over L positions (strides in elements)
+_ATTEND = (
+    "q k v out H G L D Dv k_head k_row v_head v_row scale threads",
+    [_P] * 4 + [_I64] * 9 + [ctypes.c_float, _INT],
+)
+# a pass's T rows: row t at q + t q_row sees L0 + t positions
+_ROWS = (
+    "q q_row T k v out o_row H G L0 D Dv k_head k_row v_head v_row scale threads",
+    [_P, _I64, _I64, _P, _P, _P] + [_I64] * 10 + [ctypes.c_float, _INT],
+)
+# {function: (its arguments' names, their types)}: the names are what a refused argument's
+# error says (`refused`)
 _SIGNATURES = {
-    "moespec_pack_pairs32": [_P, _P, _I64, _I64, _INT],  # W, out, groups, units, threads
-    "moespec_pack_pairs16": [_P, _P, _I64, _I64, _INT],
-    "moespec_quantize_pairs_bf16": [_P, _I64, _I64, _P, _P, _INT],  # W, O, I, pairs, scales
-    "moespec_bf16_pairs": [_P, _P, _P, _I64, _I64, _I64, _INT],
-    "moespec_bf16_pairs_avx2": [_P, _P, _P, _I64, _I64, _I64, _INT],
-    "moespec_int8_pairs_avx512": [_P, _P, _P, _P, _I64, _I64, _I64, _INT],
-    "moespec_int8_pairs_vnni": [_P, _P, _P, _P, _I64, _I64, _I64, _INT],
-    "moespec_int8_pairs_avx2": [_P, _P, _P, _P, _I64, _I64, _I64, _INT],
-    "moespec_bf16_avx2": [_P, _P, _P, _I64, _I64, _I64, _INT],
-    "moespec_int8_avx512": [_P, _P, _P, _P, _I64, _I64, _I64, _INT],
-    "moespec_int8_avx2": [_P, _P, _P, _P, _I64, _I64, _I64, _INT],
-    # batches: n, weights*, X, x_rows, xrow*, count*, out, orow*, O, I, threads; int8 adds
-    # the scales* after the weights*
-    "moespec_bf16_pairs_batch": [_I64, _P, _P, _I64, _P, _P, _P, _P, _I64, _I64, _INT],
-    "moespec_bf16_pairs_avx2_batch": [_I64, _P, _P, _I64, _P, _P, _P, _P, _I64, _I64, _INT],
-    "moespec_int8_pairs_avx512_batch": [_I64, _P, _P, _P, _I64, _P, _P, _P, _P, _I64, _I64, _INT],
-    "moespec_int8_pairs_vnni_batch": [_I64, _P, _P, _P, _I64, _P, _P, _P, _P, _I64, _I64, _INT],
-    "moespec_int8_pairs_avx2_batch": [_I64, _P, _P, _P, _I64, _P, _P, _P, _P, _I64, _I64, _INT],
-    # decode attention: q, k, v, out, H, G, L, D, Dv, k_head, k_row, v_head, v_row, scale, threads
-    "moespec_attend_bf16_avx512": [_P] * 4 + [_I64] * 9 + [ctypes.c_float, _INT],
-    "moespec_attend_bf16_avx2": [_P] * 4 + [_I64] * 9 + [ctypes.c_float, _INT],
-    # a pass's rows: q, q_row, T, k, v, out, out_row, H, G, L0 (row t sees L0 + t), D, Dv,
-    # k_head, k_row, v_head, v_row, scale, threads
-    "moespec_attend_bf16_avx512_rows": [_P, _I64, _I64, _P, _P, _P]
-    + [_I64] * 10
-    + [ctypes.c_float, _INT],
-    "moespec_attend_bf16_avx2_rows": [_P, _I64, _I64, _P, _P, _P]
-    + [_I64] * 10
-    + [ctypes.c_float, _INT],
-    # the read-bandwidth probe: buffer, bytes, threads; returns its sum, not a status
-    "moespec_read_sum": [_P, _I64, _INT],
+    "moespec_pack_pairs32": ("W out groups units threads", [_P, _P, _I64, _I64, _INT]),
+    "moespec_pack_pairs16": ("W out groups units threads", [_P, _P, _I64, _I64, _INT]),
+    "moespec_quantize_pairs_bf16": ("W O I pairs scales threads", [_P, _I64, _I64, _P, _P, _INT]),
+    "moespec_bf16_pairs": _PAIRS,
+    "moespec_bf16_pairs_avx2": _PAIRS,
+    "moespec_int8_pairs_avx512": _INT8_PAIRS,
+    "moespec_int8_pairs_vnni": _INT8_PAIRS,
+    "moespec_int8_pairs_avx2": _INT8_PAIRS,
+    # the row-by-row candidates: weights [O, I] as they are
+    "moespec_bf16_avx2": _PAIRS,
+    "moespec_int8_avx512": _INT8_PAIRS,
+    "moespec_int8_avx2": _INT8_PAIRS,
+    "moespec_bf16_pairs_batch": _BATCH,
+    "moespec_bf16_pairs_avx2_batch": _BATCH,
+    "moespec_int8_pairs_avx512_batch": _INT8_BATCH,
+    "moespec_int8_pairs_vnni_batch": _INT8_BATCH,
+    "moespec_int8_pairs_avx2_batch": _INT8_BATCH,
+    "moespec_attend_bf16_avx512": _ATTEND,
+    "moespec_attend_bf16_avx2": _ATTEND,
+    "moespec_attend_bf16_avx512_rows": _ROWS,
+    "moespec_attend_bf16_avx2_rows": _ROWS,
+    # the read-bandwidth probe: its sum written to *sum
+    "moespec_read_sum": ("buffer n threads sum", [_P, _I64, _INT, _P]),
+    # step.c: the model pass (called through its own function type, moespec.models.native_step)
+    # and one layer's expert operation; m and L: its Model and Layer structures
+    "moespec_step": (
+        "m tokens T start cache capacity cos sin dedup all_logits logits ids weights threads "
+        "attend_threads",
+        [_P, _P, _I64, _I64, _P, _I64, _P, _P, _INT, _INT, _P, _P, _P, _INT, _INT],
+    ),
+    "moespec_experts": (
+        "m L x T k ids weights dedup out threads",
+        [_P, _P, _P, _I64, _I64, _P, _P, _INT, _P, _INT],
+    ),
     # the suffix drafter's index (suffix.c): new(levels, lengths*), free, extend(tokens*, n),
     # longest, occurrences(level, limit, out*), hash(n), length
-    "moespec_suffix_new": [_I64, _P],
-    "moespec_suffix_free": [_P],
-    "moespec_suffix_extend": [_P, _P, _I64],
-    "moespec_suffix_longest": [_P],
-    "moespec_suffix_occurrences": [_P, _I64, _I64, _P],
-    "moespec_suffix_hash": [_P, _I64],
-    "moespec_suffix_length": [_P],
+    "moespec_suffix_new": ("n_levels levels", [_I64, _P]),
+    "moespec_suffix_free": ("index", [_P]),
+    "moespec_suffix_extend": ("index tokens n", [_P, _P, _I64]),
+    "moespec_suffix_longest": ("index", [_P]),
+    "moespec_suffix_occurrences": ("index level limit out", [_P, _I64, _I64, _P]),
+    "moespec_suffix_hash": ("index n", [_P, _I64]),
+    "moespec_suffix_length": ("index", [_P]),
 }
 _RESULTS = {
-    "moespec_read_sum": ctypes.c_uint64,
     "moespec_suffix_new": ctypes.c_void_p,
     "moespec_suffix_free": None,
     "moespec_suffix_longest": ctypes.c_int64,
@@ -117,6 +148,69 @@ _RESULTS = {
     "moespec_suffix_hash": ctypes.c_uint64,
     "moespec_suffix_length": ctypes.c_int64,
 }
+# What the C checks ask of each argument they refuse (by its name; ("function", name) where
+# one function asks otherwise)
+_BOUNDS = {
+    "n": "n >= 0",
+    "x_rows": "x_rows >= 0",
+    "xrow": "each product's input rows within X: 0 <= xrow[k] <= x_rows - count[k]",
+    "count": "count[k] >= 0",
+    "orow": "orow[k] >= 0",
+    "O": "O >= 0",
+    "I": "I >= 1",
+    "R": "R >= 0",
+    "threads": "threads >= 1",
+    "attend_threads": "attend_threads >= 1",
+    "groups": "groups >= 0",
+    "units": "units >= 0",
+    "H": "H >= 1",
+    "G": "G >= 1, H a multiple of G",
+    "L": "L >= 1",
+    "L0": "L0 >= 1",
+    "D": "D >= 1",
+    "Dv": "Dv >= 1",
+    "q_row": "q_row >= 0",
+    "o_row": "o_row >= 0",
+    "T": "T >= 0",
+    "k": "k >= 0",
+    ("moespec_read_sum", "n"): "n >= 0, a multiple of 128",
+    ("moespec_step", "T"): "T >= 1",
+    ("moespec_step", "start"): "start >= 0",
+    ("moespec_step", "capacity"): "start + T <= capacity",
+    ("moespec_step", "m"): (
+        "the model's shapes: rotary dims even, within the head and at most 1024; heads a "
+        "multiple of the key heads; each MoE layer's top k within 1 .. its experts"
+    ),
+    ("moespec_experts", "m"): "the hidden size >= 1",
+    ("moespec_experts", "L"): "the layer's experts >= 1",
+}
+for _name in ("k_head", "k_row", "v_head", "v_row"):
+    _BOUNDS[_name] = f"{_name} >= 0"
+
+
+def refused(function: str, rc: int, args) -> ValueError:
+    """The error of a call of `function` with `args` whose C checks refused the argument at
+    position -rc: its name, what the check asks, and the call's integers, in one line."""
+    names, types = _SIGNATURES[function]
+    names = names.split()
+    name = names[-rc - 1] if 0 < -rc <= len(names) else f"argument {-rc}"
+    integers = ", ".join(
+        f"{n} = {a}"
+        for n, t, a in zip(names, types, args, strict=False)
+        if t in (_I64, _INT) and isinstance(a, int)
+    )
+    bound = _BOUNDS.get((function, name)) or _BOUNDS.get(name, "out of bounds")
+    return ValueError(f"{function} refused {name}: it needs {bound} (called with {integers})")
+
+
+def call(name: str, *args) -> int:
+    """A call of the native function `name`: an argument its C checks refuse raises the
+    ValueError naming it; else its return code (0 done, 1 no memory, 2 shapes its loops do
+    not take). For benchmarks and tests: the engine's paths make their calls inline."""
+    rc = getattr(native().lib, name)(*args)
+    if rc < 0:
+        raise refused(name, rc, args)
+    return rc
 
 
 @dataclass(frozen=True)
@@ -187,23 +281,32 @@ def build(compiler: str, out_dir: Path, sources=SOURCES) -> tuple[Path, bool]:
 def load(path: Path) -> ctypes.CDLL:
     """A built library, its functions typed."""
     lib = ctypes.CDLL(str(path))  # after torch: its libgomp is the OpenMP runtime used
-    for name, argtypes in _SIGNATURES.items():
+    for name, (_, argtypes) in _SIGNATURES.items():
         if hasattr(lib, name):
             getattr(lib, name).argtypes = argtypes
             getattr(lib, name).restype = _RESULTS.get(name, _INT)
     return lib
 
 
+def unavailable_here() -> str | None:
+    """Why this machine does not build the native library, by its own facts: turned off, not
+    x86-64, no C compiler. None where it does: a build that then fails is a fault, not a
+    reason (tests skip on these reasons alone)."""
+    if os.environ.get("MOESPEC_NATIVE", "1").strip().lower() in ("0", "off", "no", "false"):
+        return "turned off by MOESPEC_NATIVE"
+    if platform.machine().lower() not in ("x86_64", "amd64"):
+        return f"no native loops for {platform.machine()} (x86-64 only)"
+    if find_compiler() is None:
+        return "no C compiler found ($CC, cc, gcc or clang)"
+    return None
+
+
 @functools.cache
 def native() -> Native:
     """The native library of this process, built or loaded on the first call."""
-    if os.environ.get("MOESPEC_NATIVE", "1").strip().lower() in ("0", "off", "no", "false"):
-        return Native(None, "turned off by MOESPEC_NATIVE")
-    if platform.machine().lower() not in ("x86_64", "amd64"):
-        return Native(None, f"no native loops for {platform.machine()} (x86-64 only)")
+    if (why := unavailable_here()) is not None:
+        return Native(None, why)
     compiler = find_compiler()
-    if compiler is None:
-        return Native(None, "no C compiler found ($CC, cc, gcc or clang)")
     try:
         path, openmp = build(compiler, cache_dir() / "native")
         lib = load(path)
@@ -233,16 +336,28 @@ INT8 = {
 NEEDS = {"moespec_int8_pairs_vnni": "avx512_vnni"}
 
 
+def family_lacks(kind: str, family: str) -> str | None:
+    """Why a CPU of this family, by its own flags, has no native loops for "bf16" or "int8"
+    weights (or, kind "attention", no native attention); None where it has them."""
+    if kind == "attention":
+        candidates = (ATTENTION[family],) if family in ATTENTION else ()
+    else:
+        candidates = (PAIRS if kind == "bf16" else INT8).get(family)
+    if not candidates:
+        return f"no native {kind} loops for CPU family {family}"
+    if family == "avx2" and not {"avx2", "fma"} <= set(cpu_flags()):
+        return "the AVX2 loops need AVX2 and FMA, which this CPU lacks"
+    return None
+
+
 def layout_function(kind: str, family: str) -> tuple[str | None, str | None]:
     """(the native function for "bf16" or "int8" weights in the pair layout on this CPU family,
     or None with the reason)."""
-    candidates = (PAIRS if kind == "bf16" else INT8).get(family)
-    if not candidates:
-        return None, f"no native {kind} loops for CPU family {family}"
+    if (why := family_lacks(kind, family)) is not None:
+        return None, why
     if native().lib is None:
         return None, native().reason
-    if family == "avx2" and "fma" not in cpu_flags():
-        return None, "the AVX2 loops need FMA, which this CPU lacks"
+    candidates = (PAIRS if kind == "bf16" else INT8)[family]
     for name in candidates:
         if native().has(name) and NEEDS.get(name, "avx2") in cpu_flags():
             return name, None
@@ -260,12 +375,10 @@ ATTENTION = {
 @functools.cache
 def attention_function():
     """The native decode attention for this CPU family, or None (no loops, no FMA on AVX2)."""
-    name = ATTENTION.get(this_cpu()[2])
-    if name is None or not native().has(name):
+    family = this_cpu()[2]
+    if family_lacks("attention", family) is not None or not native().has(ATTENTION[family]):
         return None
-    if name.endswith("avx2") and "fma" not in cpu_flags():
-        return None
-    return getattr(native().lib, name)
+    return getattr(native().lib, ATTENTION[family])
 
 
 def attend_one(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, scale: float):
@@ -281,8 +394,10 @@ def attend_one(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, scale:
     strides = (keys.stride(1), keys.stride(2), values.stride(1), values.stride(2))
     shape = (heads, heads // kv, length, dim, dv, *strides)
     ptrs = (q.data_ptr(), keys.data_ptr(), values.data_ptr(), out.data_ptr())
-    if attention_function()(*ptrs, *shape, scale, _threads(None)):
-        raise MemoryError("native attention: no memory for its scores")
+    args = (*ptrs, *shape, scale, _threads(None))
+    if rc := attention_function()(*args):
+        name = attention_function().__name__
+        raise refused(name, rc, args) if rc < 0 else MemoryError(f"{name}: no memory")
     return out
 
 
@@ -305,20 +420,10 @@ def attend_rows(
     out = torch.empty(rows, heads * dv, dtype=torch.bfloat16)
     strides = (keys.stride(1), keys.stride(2), values.stride(1), values.stride(2))
     shape = (heads, heads // kv, length - rows + 1, dim, dv, *strides)
-    rc = getattr(native().lib, name)(
-        q.data_ptr(),
-        heads * dim,
-        rows,
-        keys.data_ptr(),
-        values.data_ptr(),
-        out.data_ptr(),
-        heads * dv,
-        *shape,
-        scale,
-        _threads(threads),
-    )
-    if rc:
-        raise MemoryError("native attention: no memory for its scores")
+    ptrs = (keys.data_ptr(), values.data_ptr(), out.data_ptr())
+    args = (q.data_ptr(), heads * dim, rows, *ptrs, heads * dv, *shape, scale, _threads(threads))
+    if rc := getattr(native().lib, name)(*args):
+        raise refused(name, rc, args) if rc < 0 else MemoryError(f"{name}: no memory")
     return out
 
 
@@ -372,8 +477,10 @@ def _call(function, weight, x, out_size: int, scales=None, threads=None) -> torc
     out = torch.empty(rows.shape[0], out_size, dtype=torch.bfloat16)
     head = (weight.data_ptr(),) if scales is None else (weight.data_ptr(), scales.data_ptr())
     shape = (out_size, x.shape[-1], rows.shape[0], _threads(threads))
-    if function(*head, rows.data_ptr(), out.data_ptr(), *shape):
-        raise MemoryError("native product: no memory for its widened or padded input")
+    if rc := function(*head, rows.data_ptr(), out.data_ptr(), *shape):
+        if rc < 0:
+            raise refused(function.__name__, rc, (*head, rows.data_ptr(), out.data_ptr(), *shape))
+        raise MemoryError(f"{function.__name__}: no memory for its widened or padded input")
     return out.view(*x.shape[:-1], out_size)
 
 
@@ -394,7 +501,9 @@ def pack_pairs(weight: torch.Tensor) -> torch.Tensor:
         return groups.permute(0, 2, 1, 3).contiguous()  # [G, JP, 64, 2]
     padded = padded.contiguous()
     packed = torch.empty(groups.shape[0], groups.shape[2], PAIR_GROUP, 2, dtype=padded.dtype)
-    function(padded.data_ptr(), packed.data_ptr(), groups.shape[0], groups.shape[2], _threads(None))
+    args = (padded.data_ptr(), packed.data_ptr(), groups.shape[0], groups.shape[2], _threads(None))
+    if rc := function(*args):
+        raise refused(function.__name__, rc, args)
     return packed
 
 
@@ -432,7 +541,9 @@ def read_sum(buffer: torch.Tensor, threads: int | None = None) -> int:
     if not buffer.is_contiguous() or buffer.device.type != "cpu":
         raise ValueError("the read probe reads one contiguous CPU buffer")
     n = buffer.numel() * buffer.element_size() // 128 * 128
-    return native().lib.moespec_read_sum(buffer.data_ptr(), n, _threads(threads))
+    total = ctypes.c_uint64()
+    call("moespec_read_sum", buffer.data_ptr(), n, _threads(threads), ctypes.byref(total))
+    return total.value
 
 
 def int8_pairs_product(x: torch.Tensor, pairs: torch.Tensor, scales: torch.Tensor, threads=None):
@@ -484,12 +595,15 @@ def batch_products(x: torch.Tensor, weights: list, xrow, count, orow, out_rows: 
     at = (x.data_ptr(), x.shape[0], ints(*xrow), ints(*count), out.data_ptr(), ints(*orow))
     shape = (out_size, in_size, _threads(threads))
     if pairs:
-        ptrs = (ctypes.c_uint64 * n)(*[w.packed.data_ptr() for w in weights])
-        rc = _function("bf16", batch=True)(n, ptrs, *at, *shape)
+        ptrs = ((ctypes.c_uint64 * n)(*[w.packed.data_ptr() for w in weights]),)
     else:
-        ptrs = (ctypes.c_uint64 * n)(*[w.pairs.data_ptr() for w in weights])
-        scales = (ctypes.c_uint64 * n)(*[w.scales.data_ptr() for w in weights])
-        rc = _function("int8", batch=True)(n, ptrs, scales, *at, *shape)
-    if rc:
+        ptrs = (
+            (ctypes.c_uint64 * n)(*[w.pairs.data_ptr() for w in weights]),
+            (ctypes.c_uint64 * n)(*[w.scales.data_ptr() for w in weights]),
+        )
+    function = _function("bf16" if pairs else "int8", batch=True)
+    if rc := function(n, *ptrs, *at, *shape):
+        if rc < 0:
+            raise refused(function.__name__, rc, (n, *ptrs, *at, *shape))
         raise MemoryError("native batch of products: no memory for its widened or quantized input")
     return out

@@ -23,6 +23,7 @@ from moespec.kernels.native import (
     int8_pairs_product,
     native,
     pack_pairs,
+    refused,
     unpack_pairs,
 )
 
@@ -88,7 +89,9 @@ def quantize_int8(weight: torch.Tensor) -> Int8Weight:
     source = weight.contiguous()
     pairs = torch.zeros(-(-out // PAIR_GROUP), -(-inp // 2), PAIR_GROUP, 2, dtype=torch.int8)
     scales = torch.empty(out, dtype=torch.bfloat16)
-    function(source.data_ptr(), out, inp, pairs.data_ptr(), scales.data_ptr(), _threads(None))
+    args = (source.data_ptr(), out, inp, pairs.data_ptr(), scales.data_ptr(), _threads(None))
+    if rc := function(*args):
+        raise refused(function.__name__, rc, args)
     return Int8Weight.paired_from(pairs, scales, (out, inp))
 
 

@@ -21,6 +21,8 @@ def slot_experts(
 ) -> torch.Tensor:
     # x: [T, H]; expert_ids, expert_weights: [T, m]
     tokens, top_k = expert_ids.shape
+    if expert_ids.numel() == 0:  # no slots: nothing to multiply (torch.cat refuses none)
+        return torch.zeros_like(x)
     # slot-major: token t's slots are rows t m .. t m + m - 1
     pairs = [experts.weights(e) for row in expert_ids.tolist() for e in row]
     rows_of_slots, ones = range(len(pairs)), [1] * len(pairs)

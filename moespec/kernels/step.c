@@ -32,7 +32,15 @@
 #include <stdlib.h>
 #include <string.h>
 
-int moespec_step_version(void) { return 1; }
+int moespec_step_version(void) { return 2; }
+
+/* A call with an integer out of bounds returns minus its position in the call (from 1) before
+ * anything is read or written, as native.c's entry points do: the caller raises a ValueError
+ * naming it (moespec/kernels/native.py: `refused`). */
+#define REFUSE(bad, position)                                                                \
+    do {                                                                                     \
+        if (bad) return -(position);                                                         \
+    } while (0)
 
 typedef int (*bf16_batch_fn)(int64_t n, const uint64_t *weights, const uint16_t *X,
                              int64_t x_rows, const int64_t *xrow, const int64_t *count,
@@ -134,7 +142,7 @@ INLINE int products(const Model *m, int64_t n, const Product *const *w, const ui
         rc = ((bf16_batch_fn)P(m->bf16_batch))(n, ws, X, x_rows, xrow, count, out, orow,
                                               w[0]->out, w[0]->in, use);
     if (n > 64) free(ws), free(ss);
-    return rc;
+    return rc < 0 ? 2 : rc; /* a loop refusing an argument: shapes this pass got wrong */
 }
 
 /* One product of all T rows of X [T, in] into out [T, out]. */
@@ -277,6 +285,7 @@ INLINE int moe_experts(const Model *m, const Layer *L, const uint16_t *x, int64_
     int64_t *xrow = meta, *count = meta + R, *orow = meta + 2 * R, *pos = meta + 3 * R;
     int64_t *order = meta + 4 * R;
     int rc;
+    if (R == 0) return 0; /* no tokens (or no slots): nothing to add */
     /* pos[r]: the row of slot r (token-major) in hid/act/xg; the products in `order` */
     int64_t n = 0;
     if (!dedup) {
@@ -419,10 +428,11 @@ INLINE int step_body(const Model *m, const int64_t *tokens, int64_t T, int64_t s
             }
         }
         /* row t sees positions 0 .. start + t, as a pass of its own would */
-        if (((attend_rows_fn)P(m->attend_rows))(qkv, QKV, T, keys, values, att, N * D, N, N / K,
-                                                start + 1, D, D, capacity * D, D, capacity * D,
-                                                D, m->scale, attend_threads))
-            return 1;
+        if ((rc = ((attend_rows_fn)P(m->attend_rows))(qkv, QKV, T, keys, values, att, N * D, N,
+                                                      N / K, start + 1, D, D, capacity * D, D,
+                                                      capacity * D, D, m->scale,
+                                                      attend_threads)))
+            return rc < 0 ? 2 : 1;
         if ((rc = product(m, &L->o, att, T, y, threads))) return rc;
         add_rows(h, y, T * H);
         for (int64_t t = 0; t < T; t++)
@@ -492,13 +502,38 @@ void moespec_scratch_free(Scratch *s) {
     s->p = NULL, s->bytes = 0;
 }
 
+/* Whether the model's shapes are out of the bounds the pass's buffers and loops rely on: a
+ * rotation of at most 1024 even dims within the head (`rotate`'s buffer), query heads in whole
+ * groups per key head, and each MoE layer's top k within its experts (`route` picks k distinct
+ * ones). O(layers) integer checks a pass. */
+static int model_refused(const Model *m) {
+    if (m->layers < 0 || m->hidden < 1 || m->heads < 1 || m->kv_heads < 1 ||
+        m->heads % m->kv_heads || m->head_dim < 1 || m->vocab < 1 || m->rotary < 0 ||
+        m->rotary % 2 || m->rotary > m->head_dim || m->rotary > 1024)
+        return 1;
+    for (int64_t l = 0; l < m->layers; l++) {
+        const Layer *L = &m->layer[l];
+        if (L->experts < 0 || L->qk_norm < 0 || L->qk_norm > 2 ||
+            (L->experts && (L->top_k < 1 || L->top_k > L->experts)))
+            return 1;
+    }
+    return 0;
+}
+
 /* The pass (`step_body`) on the model's persistent buffers where it can take them, its
  * elementwise loops in the model's instructions. Returns 3 for a token id outside the
- * vocabulary (nothing written). */
+ * vocabulary, minus an argument's position for one out of bounds (the model's shapes; T >= 1;
+ * start >= 0 with start + T within the cache's capacity; threads >= 1): nothing written. */
 int moespec_step(const Model *m, const int64_t *tokens, int64_t T, int64_t start,
                  const uint64_t *cache, int64_t capacity, const uint16_t *cos,
                  const uint16_t *sin, int dedup, int all_logits, float *logits, int64_t *ids,
                  float *weights, int threads, int attend_threads) {
+    REFUSE(model_refused(m), 1);
+    REFUSE(T < 1, 3);
+    REFUSE(start < 0, 4);
+    REFUSE(capacity < 1 || T > capacity - start, 6); /* the pass's positions in the cache */
+    REFUSE(threads < 1, 14);
+    REFUSE(attend_threads < 1, 15);
     for (int64_t t = 0; t < T; t++)
         if (tokens[t] < 0 || tokens[t] >= m->vocab) return 3;
     int64_t at[B_COUNT], bytes = layout(m, T, at);
@@ -525,29 +560,39 @@ int moespec_step(const Model *m, const int64_t *tokens, int64_t T, int64_t start
 
 /* The expert operation of one MoE layer alone, as the model pass runs it (`moe_experts`): the
  * calibration times this, so that its fits describe the engine's own expert operation. x
- * [T, H] bf16 (H = m->hidden); ids, weights [T][L->top_k]; out [T, H] bf16 (overwritten with
- * each row's combined expert outputs). Only m's hidden size, product functions, instructions
- * and small-work threshold are read. Returns 0, 1 without memory, 2 when a native loop refused
- * its shapes, 4 for an expert id outside 0 .. L->experts - 1 (nothing read). */
-int moespec_experts(const Model *m, const Layer *L, const uint16_t *x, int64_t T,
+ * [T, H] bf16 (H = m->hidden); ids, weights [T][k]; out [T, H] bf16 (overwritten with each
+ * row's combined expert outputs; T may be 0). k is an argument, not L's: calls of one layer
+ * from several threads share L and change nothing in it. Only m's hidden size, product
+ * functions, instructions and small-work threshold are read. Returns 0, 1 without memory, 2
+ * when a native loop refused its shapes, 4 for an expert id outside 0 .. L->experts - 1,
+ * minus an argument's position for one out of bounds (nothing read). */
+int moespec_experts(const Model *m, const Layer *L, const uint16_t *x, int64_t T, int64_t k,
                     const int64_t *ids, const float *weights, int dedup, uint16_t *out,
                     int threads) {
-    const int64_t H = m->hidden, S = T * L->top_k;
+    REFUSE(m->hidden < 1, 1);
+    REFUSE(L->experts < 1, 2);
+    REFUSE(T < 0, 4);
+    REFUSE(k < 0, 5);
+    REFUSE(threads < 1, 10);
+    const int64_t H = m->hidden, S = T * k;
     const int64_t I = ((const Product *)P(L->gate_up))->out / 2;
     for (int64_t r = 0; r < S; r++)
         if (ids[r] < 0 || ids[r] >= L->experts) return 4;
+    Layer layer = *L; /* this call's top k, on the stack */
+    layer.top_k = k;
     uint16_t *hid = (uint16_t *)malloc((size_t)(S * 2 * I) * 2 + 64);
     uint16_t *act = (uint16_t *)malloc((size_t)(S * I) * 2 + 64);
     uint16_t *xg = (uint16_t *)malloc((size_t)(S * H) * 2 + 64);
-    int64_t *meta = (int64_t *)malloc((size_t)S * 40);
+    int64_t *meta = (int64_t *)malloc((size_t)S * 40 + 64);
     const Product **plist = (const Product **)malloc((size_t)(S > 1 ? S : 1) * sizeof(void *));
     int rc = 1;
     if (hid && act && xg && meta && plist) {
-        memset(out, 0, (size_t)(T * H) * 2); /* bf16 +0: the sum is each row's rounded output */
+        if (T) /* bf16 +0: the sum is each row's rounded output */
+            memset(out, 0, (size_t)(T * H) * 2);
         int (*fn)(EXPERTS_PARAMS) = m->isa == 2   ? experts_avx512
                                     : m->isa == 1 ? experts_avx2
                                                   : experts_sse2;
-        rc = fn(m, L, x, T, ids, weights, dedup, hid, act, xg, meta, plist, out, threads);
+        rc = fn(m, &layer, x, T, ids, weights, dedup, hid, act, xg, meta, plist, out, threads);
     }
     free(hid), free(act), free(xg), free(meta), free(plist);
     return rc;

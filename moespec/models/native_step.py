@@ -218,8 +218,11 @@ def experts_unsupported(experts) -> str | None:
     return _loops_lack(weights)
 
 
-def _raise_for(rc: int, what: str) -> None:
-    """The error of a native call's return code beyond its own (1: memory, else shapes)."""
+def _raise_for(rc: int, what: str, function: str, args) -> None:
+    """The error of a native call's return code beyond its own: an argument its C checks
+    refused (negative: a ValueError naming it), no memory (1), shapes a product refused."""
+    if rc < 0:
+        raise nat.refused(function, rc, args)
     if rc == 1:
         raise MemoryError(f"{what}: no memory for its buffers")
     if rc:
@@ -266,7 +269,8 @@ class NativeExperts(_Weights):
     layer's expert operation exactly as the native model pass runs it (step.c's
     `moe_experts`: the same products, orders and rounding; slot and dedup give the same
     bits). The calibration times this where the engine's passes run natively, so that its
-    fits describe the expert operation the engine runs."""
+    fits describe the expert operation the engine runs. T may be 0; calls from several
+    threads at once are safe (each passes its own top k; the structures are only read)."""
 
     def __init__(self, experts, family: str | None = None):
         super().__init__()
@@ -274,8 +278,7 @@ class NativeExperts(_Weights):
         if why is not None:
             raise ValueError(f"the native expert operation cannot run these experts: {why}")
         lib = nat.native().lib
-        self._fn = lib.moespec_experts
-        self._fn.restype = ctypes.c_int
+        self._fn = lib.moespec_experts  # typed by moespec.kernels.native.load
         functions = _functions(lib, family or this_cpu()[2])
         self.layer = _Layer(
             experts=experts.num_experts,
@@ -293,6 +296,7 @@ class NativeExperts(_Weights):
             isa=_isa(family or this_cpu()[2]),
         )
         self.openmp = nat.native().openmp
+        self._structures = (ctypes.addressof(self.model), ctypes.addressof(self.layer))
 
     def __call__(self, x, ids, weights, dedup: bool) -> torch.Tensor:
         tokens, top_k = ids.shape
@@ -300,25 +304,19 @@ class NativeExperts(_Weights):
             raise ValueError(f"x must be bf16 [{tokens}, {self.hidden}], got {x.dtype} {x.shape}")
         if weights.shape != ids.shape:
             raise ValueError(f"routing weights {tuple(weights.shape)} and ids {tuple(ids.shape)}")
-        self.layer.top_k = top_k
         x = x.contiguous()
         ids = ids.to(torch.int64).contiguous()
         weights = weights.to(torch.float32).contiguous()
         out = torch.empty(tokens, self.hidden, dtype=torch.bfloat16)
-        rc = self._fn(
-            ctypes.byref(self.model),
-            ctypes.byref(self.layer),
-            ctypes.c_void_p(x.data_ptr()),
-            _I64(tokens),
-            ctypes.c_void_p(ids.data_ptr()),
-            ctypes.c_void_p(weights.data_ptr()),
-            ctypes.c_int(bool(dedup)),
-            ctypes.c_void_p(out.data_ptr()),
-            ctypes.c_int(torch.get_num_threads() if self.openmp else 1),
-        )
+        # top_k goes with the call, not into the shared layer structure: concurrent calls
+        # with other k would otherwise read each other's
+        threads = torch.get_num_threads() if self.openmp else 1
+        args = (*self._structures, x.data_ptr(), tokens, top_k, ids.data_ptr())
+        args += (weights.data_ptr(), bool(dedup), out.data_ptr(), threads)
+        rc = self._fn(*args)
         if rc == 4:
             raise IndexError(f"expert ids outside 0-{self.layer.experts - 1} in {ids.tolist()}")
-        _raise_for(rc, "native expert operation")
+        _raise_for(rc, "native expert operation", "moespec_experts", args)
         return out
 
 
@@ -453,7 +451,7 @@ class NativeStep(_Weights):
             weights = torch.zeros(n, length, self.top_k, dtype=torch.float32)
         threads = torch.get_num_threads() if self.openmp else 1
         attend = threads if end * self._position_bytes >= SMALL_WORK_BYTES else 1
-        rc = self._fn(
+        args = (
             self._model,
             tokens.data_ptr(),
             length,
@@ -470,9 +468,10 @@ class NativeStep(_Weights):
             threads,
             attend,
         )
+        rc = self._fn(*args)
         if rc == 3:
             raise IndexError(f"token ids outside the vocabulary (0-{self.vocab - 1}) in {tokens}")
-        _raise_for(rc, "native pass")
+        _raise_for(rc, "native pass", "moespec_step", args)
         cache.advance(length)
         self.passes += 1
         if sink is not None:
