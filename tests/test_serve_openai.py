@@ -382,13 +382,17 @@ def test_the_openai_client_with_its_optional_fields(target):
 
 
 def test_a_full_queue_refuses_before_the_body_is_parsed(target):
-    engine = load_engine(str(target), dtype="fp32", draft="none", max_queue=0)
+    engine = load_engine(
+        str(target), dtype="fp32", draft="none", max_queue=0, max_request_bytes=4096
+    )
     engine.pause()  # the worker takes nothing: a queue of 0 holds no request
     try:
         client = TestClient(create_app(engine))
         headers = {"content-type": "application/json"}
         response = client.post("/v1/completions", content=b"{not json", headers=headers)
+        oversized = client.post("/v1/completions", content=b" " * 5000, headers=headers)
     finally:
         engine.close()
-    assert response.status_code == 429  # not 400: the body was never read
+    assert oversized.status_code == 413  # too large whatever the load
+    assert response.status_code == 429  # not 400: the body was never parsed
     assert int(response.headers["retry-after"]) >= 1

@@ -35,9 +35,11 @@ CLIENT_CLOSED = 499  # the request's status when its client left before the answ
 
 def create_app(engine: Engine) -> FastAPI:
     app = FastAPI(title="moespec", version=__version__, docs_url=None, redoc_url=None)
-    app.add_middleware(BodyLimit, limit=engine.max_request_bytes)
+    # outermost first: count every answer; refuse an oversized body (413 whatever the load);
+    # refuse with 429 while the queue is full, before the body is parsed
     app.add_middleware(Admission, engine=engine)
-    app.add_middleware(CountStatus, metrics=engine.metrics)  # outermost: counts them all
+    app.add_middleware(BodyLimit, limit=engine.max_request_bytes)
+    app.add_middleware(CountStatus, metrics=engine.metrics)
     add_error_handlers(app)
     created = int(time.time())
 
@@ -401,8 +403,8 @@ class BodyLimit:
 
 class Admission:
     """ASGI middleware refusing a generation with 429 while the queue is full, before its body
-    is read or parsed and before the framework routes it: a burst past the queue costs the
-    event loop little, so /health and the clients being served are answered meanwhile."""
+    is parsed and before the framework routes it: a burst past the queue costs the event loop
+    little, so /health and the clients being served are answered meanwhile."""
 
     ROUTES = ("/v1/completions", "/v1/chat/completions")
 
