@@ -161,6 +161,12 @@ RESULTS = [
         2,
     ),
     Result(
+        "serve-load",
+        ("serve_load_demo.json",),
+        (f"python benchmarks/serve_load.py --out {RESULTS_DIR}/serve_load_demo.json --force",),
+        3,
+    ),
+    Result(
         "offload-engine",
         ("offload_demo.json",),
         (
