@@ -116,85 +116,139 @@ def generate(
     (moespec.decoding.adjust); logprobs: with it, each record carries the log-probability of
     each emitted token and this many alternatives (`StepRecord.logprobs`).
     """
-    if max_tokens < 1:
-        raise ValueError(f"max_tokens must be >= 1, got {max_tokens}")
-    sampler = sampler or Sampler()
-    kernels = kernels or KernelPolicy()
-    speculation = drafter
-    if drafter is not None and not isinstance(drafter, Speculation):
-        speculation = Speculation.single(drafter, draft_policy)
-    stops = set(stop_tokens)
-    cache = model.new_cache(capacity=len(prompt) + max_tokens + 1)
-
-    start = time.perf_counter()
-    kernel = kernels.for_prefill()
-    logits = prefill(model, prompt, cache, kernel, routing_sink, offload)
-    if adjust is not None:
-        logits = adjust.apply(logits)
-    first = sampler.sample(logits, position=len(prompt))
-    context = list(prompt) + [first]  # the cache holds all but the last token
-    record = StepRecord("prefill", [first], len(prompt), kernel, 0.0)
-    if logprobs is not None:
-        record.logprobs = token_logprobs(logits, [first], logprobs)
-    if adjust is not None:
-        adjust.emitted([first])
-    if offload is not None:
-        record = replace(record, **offload.take_stats())
-    emitted = 1
-    while True:
-        # Truncate at a stop token or the token budget; the record closes the step.
-        for i, token in enumerate(record.tokens):
-            if token in stops:
-                record.tokens, record.finish_reason = record.tokens[:i], "stop"
-                if record.logprobs is not None:
-                    record.logprobs = record.logprobs[:i]
-                break
-        if record.finish_reason is None and emitted >= max_tokens:
-            record.finish_reason = "length"
-        record.seconds = time.perf_counter() - start
-        yield record
-        if record.finish_reason:
-            return
-
-        start = time.perf_counter()
-        draft = proposal = None
-        if speculation is not None:
-            proposal = speculation.propose(context, max_tokens - emitted - 1)
-            draft = proposal.draft.tokens
-        drafted = len(draft) if draft else 0
-        verify_start = time.perf_counter()
-        kernel = kernels.for_pass(drafted + 1)
-        if offload is not None:
-            offload.begin_step(drafted + 1, drafted=drafted, draft_seconds=verify_start - start)
-        pass_tokens = context[-1:] + draft if drafted else context[-1:]
+    decoding = Decoding(
+        model,
+        prompt,
+        max_tokens=max_tokens,
+        sampler=sampler,
+        kernels=kernels,
+        drafter=drafter,
+        draft_policy=draft_policy,
+        stop_tokens=stop_tokens,
+        routing_sink=routing_sink,
+        offload=offload,
+        adjust=adjust,
+        logprobs=logprobs,
+    )
+    yield decoding.start()
+    while not decoding.done:
+        feed = decoding.plan()
+        kernel = decoding.kernels.for_pass(len(feed))
         logits = model(
-            torch.tensor(pass_tokens),
-            cache,
+            torch.tensor(feed),
+            decoding.cache,
             kernel=kernel,
-            all_logits=drafted > 0,
+            all_logits=len(feed) > 1,
             routing_sink=routing_sink,
             offload=offload,
         )[0]
-        if adjust is not None:
-            logits = adjust.apply(logits, draft or [])
-        position = len(context)  # of the first token this step emits
-        if drafted:
-            accepted, tokens = verify(draft, logits, sampler, proposal.draft.probs, position)
-        else:
-            accepted, tokens = 0, [sampler.sample(logits[-1], position=position)]
+        yield decoding.finish(logits, kernel)
+
+
+class Decoding:
+    """One sequence's decoding, a step at a time, for loops that run the target's passes
+    themselves (`generate` one sequence, a batch several in one pass).
+
+    `start()` prefills and returns the prefill record; then, until `done`, `plan()` drafts and
+    returns the tokens of the step's target pass (the current token, then the drafts), the
+    caller runs them through the target at the end of `cache`, and `finish(logits, kernel)`
+    verifies, rolls the cache back past rejected drafts and returns the step's record.
+    Settings as `generate`'s.
+    """
+
+    def __init__(
+        self,
+        model: Transformer,
+        prompt: Sequence[int],
+        *,
+        max_tokens: int,
+        sampler: Sampler | None = None,
+        kernels: KernelPolicy | None = None,
+        drafter: Drafter | Speculation | None = None,
+        draft_policy: DraftLengthPolicy | None = None,
+        stop_tokens: Sequence[int] = (),
+        routing_sink: RoutingSink | None = None,
+        offload=None,
+        adjust: LogitAdjust | None = None,
+        logprobs: int | None = None,
+    ):
+        if max_tokens < 1:
+            raise ValueError(f"max_tokens must be >= 1, got {max_tokens}")
+        self.model, self.prompt, self.max_tokens = model, prompt, max_tokens
+        self.sampler = sampler or Sampler()
+        self.kernels = kernels or KernelPolicy()
+        self.speculation = drafter
+        if drafter is not None and not isinstance(drafter, Speculation):
+            self.speculation = Speculation.single(drafter, draft_policy)
+        self.stops = set(stop_tokens)
+        self.routing_sink, self.offload = routing_sink, offload
+        self.adjust, self.logprobs = adjust, logprobs
+        self.cache = model.new_cache(capacity=len(prompt) + max_tokens + 1)
+        self.context: list[int] = []  # the prompt and what was emitted; the cache lacks the last
+        self.emitted = 0
+        self.done = False
+        self._step = None  # (proposal, draft, step start, verify start) between plan and finish
+
+    def start(self) -> StepRecord:
+        """Prefill the prompt and sample the first token: the prefill record."""
+        start = time.perf_counter()
+        kernel = self.kernels.for_prefill()
+        prompt, offload = self.prompt, self.offload
+        logits = prefill(self.model, prompt, self.cache, kernel, self.routing_sink, offload)
+        if self.adjust is not None:
+            logits = self.adjust.apply(logits)
+        first = self.sampler.sample(logits, position=len(prompt))
+        self.context = list(prompt) + [first]
+        record = StepRecord("prefill", [first], len(prompt), kernel, 0.0)
         if offload is not None:
-            offload.end_step(accepted)
+            record = replace(record, **offload.take_stats())
+        if self.logprobs is not None:
+            record.logprobs = token_logprobs(logits, [first], self.logprobs)
+        if self.adjust is not None:
+            self.adjust.emitted([first])
+        self.emitted = 1
+        return self._close(record, start)
+
+    def plan(self) -> list[int]:
+        """Draft this step's tokens; the target pass's tokens: the current one, then them."""
+        start = time.perf_counter()
+        proposal = draft = None
+        if self.speculation is not None:
+            proposal = self.speculation.propose(self.context, self.max_tokens - self.emitted - 1)
+            draft = proposal.draft.tokens
+        drafted = len(draft) if draft else 0
+        verify_start = time.perf_counter()
+        if self.offload is not None:
+            drafting = verify_start - start
+            self.offload.begin_step(drafted + 1, drafted=drafted, draft_seconds=drafting)
+        self._step = (proposal, draft or [], start, verify_start)
+        return self.context[-1:] + (draft or [])
+
+    def finish(self, logits: torch.Tensor, kernel: str) -> StepRecord:
+        """Verify the step's pass: logits [k + 1, V] of its tokens (k the drafts); the record."""
+        proposal, draft, start, verify_start = self._step
+        drafted = len(draft)
+        if self.adjust is not None:
+            logits = self.adjust.apply(logits, draft)
+        position = len(self.context)  # of the first token this step emits
+        if drafted:
+            accepted, tokens = verify(draft, logits, self.sampler, proposal.draft.probs, position)
+        else:
+            accepted, tokens = 0, [self.sampler.sample(logits[-1], position=position)]
+        if self.offload is not None:
+            self.offload.end_step(accepted)
         if accepted < drafted:
-            cache.rollback(len(context) + accepted)
+            self.cache.rollback(len(self.context) + accepted)
         verify_seconds = time.perf_counter() - verify_start
-        kernels.observe(drafted + 1, kernel, verify_seconds)
+        self.kernels.observe(drafted + 1, kernel, verify_seconds)
         if proposal is not None:
-            speculation.observe(proposal, accepted, tokens, verify_seconds)
-        tokens = tokens[: max_tokens - emitted]
-        if adjust is not None:
-            adjust.emitted(tokens)
-        context.extend(tokens)
-        emitted += len(tokens)
+            self.speculation.observe(proposal, accepted, tokens, verify_seconds)
+        tokens = tokens[: self.max_tokens - self.emitted]
+        if self.adjust is not None:
+            self.adjust.emitted(tokens)
+        self.context.extend(tokens)
+        self.emitted += len(tokens)
+        speculation = self.speculation
         record = StepRecord(
             phase="decode",
             tokens=tokens,
@@ -211,10 +265,25 @@ def generate(
             draft_seconds=verify_start - start,
             verify_seconds=verify_seconds,
             explore=proposal.probe if proposal is not None and drafted else None,
-            **(offload.take_stats() if offload is not None else {}),
+            **(self.offload.take_stats() if self.offload is not None else {}),
         )
-        if logprobs is not None:
-            record.logprobs = token_logprobs(logits, tokens, logprobs)
+        if self.logprobs is not None:
+            record.logprobs = token_logprobs(logits, tokens, self.logprobs)
+        return self._close(record, start)
+
+    def _close(self, record: StepRecord, start: float) -> StepRecord:
+        """Truncate at a stop token or the token budget; the record closes the step."""
+        for i, token in enumerate(record.tokens):
+            if token in self.stops:
+                record.tokens, record.finish_reason = record.tokens[:i], "stop"
+                if record.logprobs is not None:
+                    record.logprobs = record.logprobs[:i]
+                break
+        if record.finish_reason is None and self.emitted >= self.max_tokens:
+            record.finish_reason = "length"
+        record.seconds = time.perf_counter() - start
+        self.done = record.finish_reason is not None
+        return record
 
 
 def summarize(records: Sequence[StepRecord]) -> dict:
