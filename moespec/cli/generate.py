@@ -45,7 +45,7 @@ HELP = "generate text (streamed), speculating with a draft, the kernel chosen pe
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("prompt", help="the prompt text")
+    parser.add_argument("prompt", nargs="?", help="the prompt text (or --batch FILE)")
     parser.add_argument(
         "--model",
         metavar="DIR",
@@ -166,6 +166,26 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "models' passes run on one thread whatever N (moespec.kernels.threads)",
     )
     parser.add_argument("--json", action="store_true", help="print one JSON object at the end")
+    batch = parser.add_argument_group("many prompts, decoded together")
+    batch.add_argument(
+        "--batch",
+        metavar="FILE.jsonl",
+        type=existing_file,
+        help='one JSON object per line: {"prompt": ..., optional "id", "max_tokens", '
+        '"temperature", "top_p", "seed"}; decoded up to --max-batch at a time, one pass per '
+        "step for all of them, each result written to --out as it finishes (a rerun resumes)",
+    )
+    batch.add_argument("--out", metavar="FILE.jsonl", help="--batch's results")
+    batch.add_argument(
+        "--max-batch",
+        type=positive_int,
+        default=8,
+        metavar="N",
+        help="sequences decoded together (default 8)",
+    )
+    batch.add_argument(
+        "--force", action="store_true", help="--batch: start the results afresh (overwrite)"
+    )
     offload = parser.add_argument_group("offloaded experts")
     offload.add_argument(
         "--offload",
@@ -217,6 +237,11 @@ def parse_draft_length(text: str) -> int | str:
 
 def run(args: argparse.Namespace) -> int:
     from moespec.session import GenerateSettings, generate_text
+
+    if args.batch is not None or args.out is not None:
+        return run_batch(args)
+    if args.prompt is None:
+        raise ValueError("give a prompt, or --batch FILE.jsonl with --out FILE.jsonl")
 
     settings = GenerateSettings(
         prompt=args.prompt,
@@ -316,3 +341,62 @@ def format_summary(summary: dict, generated: int, prompt: int, speculative: bool
         )
     parts.append(f"prompt {prompt} tokens in {summary['prefill_seconds']:.2f} s")
     return "[" + ", ".join(parts) + "]"
+
+
+BATCH_ALONE = {  # settings of one generation that a batch file does not take
+    "prompt": None,
+    "compare_plain": False,
+    "offload": None,
+    "plan": None,
+    "compile": "off",
+    "truncate": "none",
+    "context": None,
+    "json": False,
+}
+
+
+def run_batch(args: argparse.Namespace) -> int:
+    """generate --batch: the file's prompts decoded together (moespec.batchfile)."""
+    from moespec.batchfile import BatchSettings, run_batch_file
+    from moespec.progress import Progress, show_progress
+
+    if args.batch is None or args.out is None:
+        raise ValueError("--batch FILE.jsonl and --out FILE.jsonl go together")
+    for name, default in BATCH_ALONE.items():
+        if getattr(args, name) != default:
+            flag = "a prompt" if name == "prompt" else "--" + name.replace("_", "-")
+            raise ValueError(f"{flag} does not go with --batch")
+    settings = BatchSettings(
+        model=args.model,
+        draft=args.draft or "none",
+        max_batch=args.max_batch,
+        max_tokens=args.max_tokens,
+        temperature=args.temperature,
+        top_p=args.top_p,
+        seed=args.seed,
+        dtype=args.dtype,
+        kernel=args.kernel,
+        draft_length=parse_draft_length(args.draft_length),
+    )
+    with Progress(show_progress()) as progress:
+        progress.start("decoding the batch", unit="requests")
+
+        def done(row):
+            progress.advance(1)
+            if "error" in row:
+                print(f"note: {row['error']}", file=sys.stderr)
+
+        counts = run_batch_file(
+            args.batch,
+            args.out,
+            settings,
+            force=args.force,
+            on_note=lambda line: print(f"note: {line}", file=sys.stderr),
+            on_result=done,
+        )
+    print(
+        f"[{counts['finished']} requests finished, {counts['errors']} refused, "
+        f"{counts['resumed']} already in {args.out}]",
+        file=sys.stderr,
+    )
+    return 0

@@ -224,8 +224,10 @@ class Decoding:
         self._step = (proposal, draft or [], start, verify_start)
         return self.context[-1:] + (draft or [])
 
-    def finish(self, logits: torch.Tensor, kernel: str) -> StepRecord:
-        """Verify the step's pass: logits [k + 1, V] of its tokens (k the drafts); the record."""
+    def finish(self, logits: torch.Tensor, kernel: str, shared: bool = False) -> StepRecord:
+        """Verify the step's pass: logits [k + 1, V] of its tokens (k the drafts); the record.
+        shared: the pass also ran other sequences' tokens, so its time is not this step's
+        tau(k + 1): the caller observes the kernel's time, and no verify time is recorded."""
         proposal, draft, start, verify_start = self._step
         drafted = len(draft)
         if self.adjust is not None:
@@ -240,9 +242,10 @@ class Decoding:
         if accepted < drafted:
             self.cache.rollback(len(self.context) + accepted)
         verify_seconds = time.perf_counter() - verify_start
-        self.kernels.observe(drafted + 1, kernel, verify_seconds)
+        if not shared:
+            self.kernels.observe(drafted + 1, kernel, verify_seconds)
         if proposal is not None:
-            self.speculation.observe(proposal, accepted, tokens, verify_seconds)
+            self.speculation.observe(proposal, accepted, tokens, None if shared else verify_seconds)
         tokens = tokens[: self.max_tokens - self.emitted]
         if self.adjust is not None:
             self.adjust.emitted(tokens)

@@ -274,9 +274,10 @@ class Speculation:
         proposal: Proposal,
         accepted: int,
         emitted: list[int],
-        verify_seconds: float,
+        verify_seconds: float | None,
     ) -> None:
-        """Record a step: the verify time once, the acceptance and draft time h(k) (the
+        """Record a step: the verify time once (None: a pass shared with other sequences,
+        whose time is not this step's tau(k + 1)), the acceptance and draft time h(k) (the
         drafter's own `proposal.seconds`, without the choosing) of the drafter that ran, and
         each cheap drafter's unused proposal scored against the emitted tokens."""
         if proposal is self.unchosen:
@@ -284,7 +285,8 @@ class Speculation:
                 option.policy.observe_idle()
             return
         drafted = len(proposal.draft.tokens)
-        self.verify_times.add(drafted + 1, verify_seconds)
+        if verify_seconds is not None:
+            self.verify_times.add(drafted + 1, verify_seconds)
         for name, option in self.options.items():
             learn = getattr(option.drafter, "learn", None)  # drafters that learn from outcomes
             if name == proposal.drafter:

@@ -1,0 +1,102 @@
+"""Continuous batching: many sequences decoding together, one target pass per step for all.
+
+Each sequence is a `Decoding` (moespec.decoding.generate) with its own cache, sampler, drafter
+and budget. A step plans every running sequence (its current token and its drafts), runs all
+their tokens through the target in one batched pass (moespec.models.batch.batch_pass: each
+sequence's rows attend over its own cache only, and every row gets the bits of its own
+one-sequence pass), then verifies each sequence on its own rows. A finished sequence leaves at
+once and the next waiting request joins (its prompt prefilled by a pass of its own), so the
+batch stays full while there is work.
+
+Exact: each sequence's tokens are those it decodes alone (greedy, keyed sampling; and, for
+seeded unkeyed sampling, as long as its draws are the same), because its rows' logits are.
+The expert kernel is chosen for the pass's total token count, where a batch's experts are
+the union of its tokens' (seed 000's U(n) at larger n). A shared pass's time is not any one
+sequence's tau(k + 1): the kernel policy observes the whole pass, the draft-length policies
+no verify time.
+"""
+
+import time
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+from moespec.decoding.adjust import LogitAdjust
+from moespec.decoding.generate import Decoding, StepRecord
+from moespec.decoding.kernel_policy import KernelPolicy
+from moespec.decoding.sampling import Sampler
+from moespec.models import Transformer
+
+
+@dataclass
+class BatchRequest:
+    """One sequence of a batch. key: the caller's name for it (returned with its records);
+    drafter: a Drafter or Speculation of its own (None: plain decoding)."""
+
+    key: Any
+    prompt: list[int]
+    max_tokens: int
+    sampler: Sampler = field(default_factory=Sampler)
+    drafter: Any = None
+    stop_tokens: tuple[int, ...] = ()
+    adjust: LogitAdjust | None = None
+    logprobs: int | None = None
+
+
+def decode_batch(
+    model: Transformer,
+    requests: Iterable[BatchRequest],
+    *,
+    max_batch: int,
+    kernels: KernelPolicy | None = None,
+) -> Iterator[tuple[Any, StepRecord]]:
+    """Decode the requests with up to `max_batch` running at once; yield (key, record) for
+    each record as it is made: a sequence's prefill record, then one per step it took part in,
+    the last with its finish reason. `requests` is read lazily: a generator may block for the
+    next request while the batch runs (between steps)."""
+    from moespec.models.batch import batch_pass
+
+    if max_batch < 1:
+        raise ValueError(f"max_batch must be >= 1, got {max_batch}")
+    kernels = kernels or KernelPolicy()
+    waiting = iter(requests)
+    running: list[tuple[Any, Decoding]] = []
+    more = True
+    while True:
+        while more and len(running) < max_batch:
+            request = next(waiting, None)
+            if request is None:
+                more = False
+                break
+            decoding = start(model, request, kernels)
+            yield request.key, decoding.start()
+            if not decoding.done:
+                running.append((request.key, decoding))
+        if not running:
+            return
+        feeds = [decoding.plan() for _, decoding in running]
+        tokens = sum(map(len, feeds))
+        kernel = kernels.for_pass(tokens)
+        begin = time.perf_counter()
+        caches = [decoding.cache for _, decoding in running]
+        logits = batch_pass(model, feeds, caches, kernel=kernel, all_logits=True)
+        shared = len(running) > 1  # alone, the sequence times its own pass, as generate does
+        if shared:
+            kernels.observe(tokens, kernel, time.perf_counter() - begin)
+        for (key, decoding), rows in zip(running, logits, strict=True):
+            yield key, decoding.finish(rows, kernel, shared=shared)
+        running = [(key, decoding) for key, decoding in running if not decoding.done]
+
+
+def start(model: Transformer, request: BatchRequest, kernels: KernelPolicy) -> Decoding:
+    return Decoding(
+        model,
+        request.prompt,
+        max_tokens=request.max_tokens,
+        sampler=request.sampler,
+        kernels=kernels,
+        drafter=request.drafter,
+        stop_tokens=request.stop_tokens,
+        adjust=request.adjust,
+        logprobs=request.logprobs,
+    )
