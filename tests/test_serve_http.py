@@ -121,7 +121,8 @@ class HeldWorker:
 
     def running_job(self):
         assert self.reached.wait(WAIT), "the generation never started"
-        return self.engine.running
+        (job,) = self.engine.active  # the one job of the running batch
+        return job
 
 
 def assert_cancelled_early(engine, held: HeldWorker, job, max_tokens: int) -> None:

@@ -4,6 +4,7 @@ loop kept free while a request is read. In fp32 and bf16."""
 
 import socket
 import threading
+import time
 
 import pytest
 
@@ -396,3 +397,41 @@ def test_a_full_queue_refuses_before_the_body_is_parsed(target):
     assert oversized.status_code == 413  # too large whatever the load
     assert response.status_code == 429  # not 400: the body was never parsed
     assert int(response.headers["retry-after"]) >= 1
+
+
+def test_concurrent_requests_decode_in_one_batch_each_as_it_would_alone(target):
+    """Four requests queued while the worker is held all join one batch; each answer (greedy,
+    or sampled with its seed) is the one a batch-1 engine gives."""
+    engine = load_engine(str(target), dtype="bf16", draft="none", max_batch=4)
+    alone = load_engine(str(target), dtype="bf16", draft="none")
+    bodies = [
+        {"prompt": "w1 w2 w3", "max_tokens": 9, "temperature": 0},
+        {"prompt": "w7", "max_tokens": 5, "temperature": 0},
+        {"prompt": "w4 w4 w5 w6", "max_tokens": 12, "temperature": 0.8, "seed": 3},
+        {"prompt": "w9 w8", "max_tokens": 7, "temperature": 1.0, "seed": 4},
+    ]
+    sizes, observe = [], engine.metrics.observe
+    engine.metrics.observe = lambda record: (sizes.append(len(engine.active)), observe(record))
+    engine.pause()
+    answers = {}
+    try:
+        with running_server(engine) as url:
+
+            def ask(i):
+                answers[i] = httpx.post(f"{url}/v1/completions", json=bodies[i], timeout=WAIT)
+
+            threads = [threading.Thread(target=ask, args=(i,)) for i in range(4)]
+            for thread in threads:
+                thread.start()
+            deadline = time.monotonic() + WAIT
+            while engine.queue_length() < 4 and time.monotonic() < deadline:
+                time.sleep(0.01)
+            engine.resume()
+            for thread in threads:
+                thread.join(WAIT)
+        client = TestClient(create_app(alone))
+        expected = [text_of(post(client, body)) for body in bodies]
+    finally:
+        alone.close()
+    assert [text_of(answers[i]) for i in range(4)] == expected
+    assert max(sizes) == 4  # all four ran in one batch

@@ -62,6 +62,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="the most max_tokens a request may ask for (1024)",
     )
     parser.add_argument(
+        "--max-batch",
+        type=int,
+        default=1,
+        metavar="N",
+        help="requests decoded together, one pass per step for all (continuous batching: "
+        "a finished request leaves and a waiting one joins between steps; default 1)",
+    )
+    parser.add_argument(
         "--max-request-bytes",
         type=int,
         default=4 * 2**20,
@@ -109,6 +117,7 @@ def run(args: argparse.Namespace) -> int:
         max_tokens_limit=args.max_tokens_limit,
         max_request_bytes=args.max_request_bytes,
         max_prompt_tokens=args.max_prompt_tokens,
+        max_batch=args.max_batch,
         remember=not args.no_cache,
     )
     return 0

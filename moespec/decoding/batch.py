@@ -16,6 +16,7 @@ sequence's tau(k + 1): the kernel policy observes the whole pass, the draft-leng
 no verify time.
 """
 
+import threading
 import time
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
@@ -26,6 +27,8 @@ from moespec.decoding.generate import Decoding, StepRecord
 from moespec.decoding.kernel_policy import KernelPolicy
 from moespec.decoding.sampling import Sampler
 from moespec.models import Transformer
+
+_END = object()
 
 
 @dataclass
@@ -41,6 +44,7 @@ class BatchRequest:
     stop_tokens: tuple[int, ...] = ()
     adjust: LogitAdjust | None = None
     logprobs: int | None = None
+    halt: threading.Event | None = None  # set: the sequence leaves before its next step
 
 
 def decode_batch(
@@ -52,28 +56,33 @@ def decode_batch(
 ) -> Iterator[tuple[Any, StepRecord]]:
     """Decode the requests with up to `max_batch` running at once; yield (key, record) for
     each record as it is made: a sequence's prefill record, then one per step it took part in,
-    the last with its finish reason. `requests` is read lazily: a generator may block for the
-    next request while the batch runs (between steps)."""
+    the last with its finish reason (or none, for a sequence whose `halt` was set). `requests`
+    is read lazily, between steps, whenever the batch has room: an iterator may yield None for
+    "none now" (the batch goes on with what runs), and may block while nothing runs."""
     from moespec.models.batch import batch_pass
 
     if max_batch < 1:
         raise ValueError(f"max_batch must be >= 1, got {max_batch}")
     kernels = kernels or KernelPolicy()
     waiting = iter(requests)
-    running: list[tuple[Any, Decoding]] = []
+    running: list[tuple[BatchRequest, Decoding]] = []
     more = True
     while True:
         while more and len(running) < max_batch:
-            request = next(waiting, None)
-            if request is None:
+            request = next(waiting, _END)
+            if request is _END:
                 more = False
+            if request is None or request is _END:
                 break
             decoding = start(model, request, kernels)
             yield request.key, decoding.start()
             if not decoding.done:
-                running.append((request.key, decoding))
+                running.append((request, decoding))
+        running = [(r, d) for r, d in running if r.halt is None or not r.halt.is_set()]
         if not running:
-            return
+            if not more:
+                return
+            continue
         feeds = [decoding.plan() for _, decoding in running]
         tokens = sum(map(len, feeds))
         kernel = kernels.for_pass(tokens)
@@ -83,9 +92,9 @@ def decode_batch(
         shared = len(running) > 1  # alone, the sequence times its own pass, as generate does
         if shared:
             kernels.observe(tokens, kernel, time.perf_counter() - begin)
-        for (key, decoding), rows in zip(running, logits, strict=True):
-            yield key, decoding.finish(rows, kernel, shared=shared)
-        running = [(key, decoding) for key, decoding in running if not decoding.done]
+        for (request, decoding), rows in zip(running, logits, strict=True):
+            yield request.key, decoding.finish(rows, kernel, shared=shared)
+        running = [(request, decoding) for request, decoding in running if not decoding.done]
 
 
 def start(model: Transformer, request: BatchRequest, kernels: KernelPolicy) -> Decoding:

@@ -13,8 +13,9 @@ import time
 from collections import deque
 from dataclasses import dataclass, field
 
-from moespec.decoding import KernelPolicy, Sampler, generate, summarize
+from moespec.decoding import KernelPolicy, Sampler, summarize
 from moespec.decoding.adjust import LogitAdjust
+from moespec.decoding.batch import BatchRequest, decode_batch
 from moespec.errors import SettingError, setting
 from moespec.models import Tokenizer, Transformer
 from moespec.serve.metrics import Metrics
@@ -30,7 +31,7 @@ class QueueFull(Exception):
         self.retry_after = retry_after
 
 
-@dataclass
+@dataclass(eq=False)  # a job is itself: a key of the running batch
 class Job:
     """One request at batch size 1. Events to its loop: ("text", (str, [TokenLogprob] or
     None)), then ("done", dict) or ("error", str)."""
@@ -75,8 +76,12 @@ class Engine:
         max_tokens_limit: int = 1024,
         max_request_bytes: int = MAX_REQUEST_BYTES,
         max_prompt_tokens: int | None = None,
+        max_batch: int = 1,
     ):
-        self.check_limits(max_queue, max_tokens_limit, max_request_bytes, max_prompt_tokens)
+        self.check_limits(
+            max_queue, max_tokens_limit, max_request_bytes, max_prompt_tokens, max_batch
+        )
+        self.max_batch = max_batch
         self.model, self.tokenizer, self.speculation = model, tokenizer, speculation
         self.model_name = model_name
         self.kernels = kernels or KernelPolicy()
@@ -93,7 +98,7 @@ class Engine:
         self.pending: deque[Job] = deque()
         self.condition = threading.Condition()
         self.paused = self.closed = False
-        self.running: Job | None = None
+        self.active: dict[Job, Running] = {}  # the running batch's jobs
         self.recent_seconds = deque(maxlen=8)  # wall time of recent jobs, for Retry-After
         self.worker = threading.Thread(target=self._work, name="moespec-serve-worker", daemon=True)
         self.worker.start()
@@ -104,8 +109,10 @@ class Engine:
         max_tokens_limit: int,
         max_request_bytes: int = MAX_REQUEST_BYTES,
         max_prompt_tokens: int | None = None,
+        max_batch: int = 1,
     ) -> None:
         at_least = {
+            "max_batch": (max_batch, 1),
             "max_queue": (max_queue, 0),
             "max_tokens_limit": (max_tokens_limit, 1),
             "max_request_bytes": (max_request_bytes, 1024),
@@ -130,8 +137,9 @@ class Engine:
             self._check_room()
 
     def _check_room(self) -> None:
-        idle = self.running is None and not self.paused and not self.pending
-        if not idle and len(self.pending) >= self.max_queue:
+        """Room: a free place in the running batch (none while paused), or in the queue."""
+        free = 0 if self.paused else self.max_batch - len(self.active)
+        if len(self.pending) >= self.max_queue + max(free, 0):
             raise QueueFull(self.retry_after())
 
     def retry_after(self) -> int:
@@ -161,80 +169,108 @@ class Engine:
                 job.cancel()
                 job.send("error", "the server is shutting down")
             self.pending.clear()
-            if self.running is not None:
-                self.running.cancel()
+            for job in self.active:
+                job.cancel()
             self.condition.notify_all()
         self.worker.join(timeout=60)
         self.speculation.write_back()
 
     def render_metrics(self) -> str:
         with self.condition:
-            waiting, running = len(self.pending), int(self.running is not None)
+            waiting, running = len(self.pending), len(self.active)
         return self.metrics.render(waiting, self.max_queue, running)
 
     # -- the worker --------------------------------------------------------------------------
-    def _next(self) -> Job | None:
-        with self.condition:
-            while not self.closed and (self.paused or not self.pending):
-                self.condition.wait()
-            if self.closed:
-                return None
-            self.running = self.pending.popleft()
-            return self.running
-
-    def _work(self) -> None:
-        while (job := self._next()) is not None:
-            start = time.perf_counter()
-            try:
-                if not job.cancelled.is_set():
-                    self._decode(job)
-                else:
-                    self.metrics.count_generation("cancelled", len(job.prompt), [])
-            except Exception as error:  # a failed generation must not stop the server
-                self.metrics.count_generation("error", len(job.prompt), [])
-                job.send("error", f"generation failed: {type(error).__name__}: {error}")
-            finally:
-                with self.condition:
-                    self.running = None
-                    self.recent_seconds.append(time.perf_counter() - start)
+    def _requests(self):
+        """The batch's next requests: a queued job when there is one, None when there is none
+        now but jobs run (the batch goes on), blocking while nothing runs or is queued."""
+        while True:
+            with self.condition:
+                while not self.closed and (self.paused or not self.pending) and not self.active:
+                    self.condition.wait()
+                if self.closed:
+                    return
+                job = None if self.paused or not self.pending else self.pending.popleft()
+                if job is not None and not job.cancelled.is_set():
+                    self.active[job] = Running(job, StopText(self.tokenizer, job.stops))
+            if job is None:
+                yield None
+            elif job.cancelled.is_set():  # its client left while it waited
+                self.metrics.count_generation("cancelled", len(job.prompt), [])
                 job.finished.set()
+            else:
+                yield self._request(job)
 
-    def _decode(self, job: Job) -> None:
-        """Run the generator loop for one job, sending text as it comes."""
+    def _request(self, job: Job) -> BatchRequest:
         spec = self.speculation
-        records, text = [], StopText(self.tokenizer, job.stops)
-        steps = generate(
-            self.model,
-            job.prompt,
+        return BatchRequest(
+            key=job,
+            prompt=job.prompt,
             max_tokens=job.max_tokens,
             sampler=job.sampler,
-            kernels=self.kernels,
             drafter=spec.drafter(job.sampler, job.prompt, job.max_tokens, job.seed),
-            stop_tokens=self.model.config.eos_token_ids,
+            stop_tokens=tuple(self.model.config.eos_token_ids),
             adjust=job.adjust,
             logprobs=job.logprobs,
+            halt=self.active[job].halt,
         )
-        finish = None
-        try:
-            for record in steps:
-                records.append(record)
-                self.metrics.observe(record)
-                piece, stopped = text.add(record.tokens)
-                if stopped:
-                    finish = "stop"
-                elif record.finish_reason is not None:
-                    finish = record.finish_reason
-                    piece += text.finish()
-                if piece or record.logprobs:
-                    job.send("text", (piece, record.logprobs))
-                if finish is None and job.cancelled.is_set():
-                    finish = "cancelled"
-                if finish is not None:
-                    break
-        finally:
-            steps.close()
-        self.metrics.count_generation(finish, len(job.prompt), records)
-        job.send("done", done_event(records, finish, spec.name))
+
+    def _work(self) -> None:
+        """Decode jobs in a continuous batch of up to max_batch until the engine closes; a
+        failure fails the jobs then running (never the server) and the batch starts again."""
+        while not self.closed:
+            try:
+                batch = decode_batch(
+                    self.model, self._requests(), max_batch=self.max_batch, kernels=self.kernels
+                )
+                for job, record in batch:
+                    self._deliver(self.active[job], record)
+            except Exception as error:  # a failed generation must not stop the server
+                for running in list(self.active.values()):
+                    message = f"generation failed: {type(error).__name__}: {error}"
+                    self._end(running, "error", message)
+
+    def _deliver(self, running: "Running", record) -> None:
+        """Send a job's new text (cut at stop strings), and end it when it is done."""
+        job = running.job
+        running.records.append(record)
+        self.metrics.observe(record)
+        piece, stopped = running.text.add(record.tokens)
+        finish = "stop" if stopped else record.finish_reason
+        if finish is not None and not stopped:
+            piece += running.text.finish()
+        if piece or record.logprobs:
+            job.send("text", (piece, record.logprobs))
+        if finish is None and job.cancelled.is_set():
+            finish = "cancelled"
+        if finish is not None:
+            self._end(running, finish)
+
+    def _end(self, running: "Running", finish: str, error: str | None = None) -> None:
+        job = running.job
+        running.halt.set()  # the batch drops it before its next step
+        self.metrics.count_generation(finish, len(job.prompt), running.records)
+        if error is not None:
+            job.send("error", error)
+        else:
+            job.send("done", done_event(running.records, finish, self.speculation.name))
+        with self.condition:
+            self.active.pop(job, None)
+            self.recent_seconds.append(time.perf_counter() - running.started)
+            self.condition.notify_all()
+        job.finished.set()
+
+
+@dataclass
+class Running:
+    """A job in the running batch: its records, its text cut at stop strings, and the flag
+    that takes it out of the batch."""
+
+    job: Job
+    text: StopText
+    records: list = field(default_factory=list)
+    halt: threading.Event = field(default_factory=threading.Event)
+    started: float = field(default_factory=time.perf_counter)
 
 
 def done_event(records, finish_reason: str, draft: str) -> dict:

@@ -22,6 +22,7 @@ def load_engine(
     max_tokens_limit: int = 1024,
     max_request_bytes: int = MAX_REQUEST_BYTES,
     max_prompt_tokens: int | None = None,
+    max_batch: int = 1,
     remember: bool = False,
 ) -> Engine:
     """An engine as `moespec generate` would decode: the demo target drafted by the demo draft
@@ -40,6 +41,7 @@ def load_engine(
         max_tokens_limit=max_tokens_limit,
         max_request_bytes=max_request_bytes,
         max_prompt_tokens=max_prompt_tokens,
+        max_batch=max_batch,
     )
     if model is None:
         from moespec.demo import demo_paths
@@ -85,6 +87,7 @@ def load_engine(
         max_tokens_limit=max_tokens_limit,
         max_request_bytes=max_request_bytes,
         max_prompt_tokens=max_prompt_tokens,
+        max_batch=max_batch,
     )
 
 
@@ -97,6 +100,7 @@ def check_settings(
     max_tokens_limit=1024,
     max_request_bytes=MAX_REQUEST_BYTES,
     max_prompt_tokens=None,
+    max_batch=1,
     **_,
 ) -> None:
     """Settings that are wrong whatever the model: fail before it loads (or a port is bound)."""
@@ -104,7 +108,9 @@ def check_settings(
     from moespec.decoding.setup import parse_oracle
 
     KernelPolicy(kernel, crossover)
-    Engine.check_limits(max_queue, max_tokens_limit, max_request_bytes, max_prompt_tokens)
+    Engine.check_limits(
+        max_queue, max_tokens_limit, max_request_bytes, max_prompt_tokens, max_batch
+    )
     if draft is not None and draft.startswith("oracle"):
         parse_oracle(draft)
 
