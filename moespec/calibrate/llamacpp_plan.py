@@ -226,7 +226,11 @@ def llamacpp_flags(k: int, draft_gguf: Path | None) -> dict:
             "--spec-draft-n-max", str(k), "--spec-draft-n-min", str(k),
             "--spec-draft-p-min", "0",
         ],
-        "older_builds": ["-md", str(draft_gguf), "--draft-max", str(k), "--draft-min", str(k)],
+        # before the rename (llama.cpp removed these two; p-min kept its old name as an alias)
+        "older_builds": [
+            "-md", str(draft_gguf), "--draft-max", str(k), "--draft-min", str(k),
+            "--draft-p-min", "0",
+        ],
     }  # fmt: skip
 
 

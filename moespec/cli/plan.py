@@ -19,6 +19,14 @@ from its own timings (moespec.calibrate.llamacpp_plan): its verify time per pass
 cache of fixed depth, the draft's cost h(k) and acceptance, a fit by the cost model (U(n)
 from moespec's trace of --model, from --trace, or uniform routing), k*(a) over the
 acceptance grid, and the llama.cpp flags for the measured (or --acceptance) acceptance.
+
+With --export vllm|sglang|llamacpp [--plan FILE]: no planning; an existing plan's k*(a) as that
+engine's own speculative settings (vLLM's speculative_config, SGLang's server flags, llama.cpp's
+draft flags) with the predicted saving beside them, written to --out FILE (default: the plan's
+folder, TARGET.json) (moespec.export.speculative). --drafter lookup|model (default: the draft
+model when the plan measured one), --acceptance (default: the draft's, where the plan measured
+it), --draft (the draft as the engine loads it; default: the plan's). A plan of another machine
+or engine version, or (with --model, --weights) of another model or weights kind, is refused.
 """
 
 import argparse
@@ -40,6 +48,9 @@ from moespec.cli.options import (
 )
 
 HELP = "calibrate the expert kernels and write plan.json (crossover, V(k), staircase)"
+OUT = "moespec-plan"  # the plan's folder by default
+TARGETS = ("vllm", "sglang", "llamacpp")  # moespec.export.speculative.TARGETS
+DRAFTERS = ("lookup", "model")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -52,12 +63,21 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="NAME",
         help="random weights of a named shape (qwen3-30b-a3b, olmoe-1b-7b, ...)",
     )
-    parser.add_argument("--draft", metavar="DIR", help="draft checkpoint: measure its h(k)")
+    parser.add_argument(
+        "--draft",
+        metavar="DIR",
+        help="draft checkpoint: measure its h(k); with --export: the draft as the engine loads "
+        "it (default: the plan's)",
+    )
     parser.add_argument(
         "--trace", metavar="FILE", type=existing_file, help="routing trace (Parquet) of the model"
     )
     parser.add_argument("--reuse2", type=float, help="with --shape: target layer-mean rho(2)")
-    parser.add_argument("--out", metavar="DIR", default="moespec-plan")
+    parser.add_argument(
+        "--out",
+        metavar="DIR",
+        help="the plan's folder (default moespec-plan); with --export: the file to write",
+    )
     add_dtype(parser)
     add_weights(parser)
     parser.add_argument("--kernels", default="slot,dedup", help="per-slot and a dedup kernel")
@@ -116,13 +136,34 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--acceptance",
         type=number_in(0, 1, high_open=True),
-        help="llamacpp: the acceptance to decide the flags for (default: the draft's, measured)",
+        help="llamacpp, --export: the acceptance to decide k* at (default: the draft's, measured)",
+    )
+    parser.add_argument(
+        "--export",
+        choices=TARGETS,
+        help="write this engine's speculative settings from an existing plan (--plan FILE) "
+        "instead of planning",
+    )
+    parser.add_argument(
+        "--plan",
+        metavar="FILE",
+        default=f"{OUT}/plan.json",
+        help=f"with --export: the plan to read (default {OUT}/plan.json)",
+    )
+    parser.add_argument(
+        "--drafter",
+        choices=DRAFTERS,
+        help="with --export: prompt lookup or the draft model (default: the draft model when "
+        "the plan measured one)",
     )
 
 
 def run(args: argparse.Namespace) -> int:
     from pathlib import Path
 
+    if args.export:
+        return run_export(args)
+    args.out = args.out or OUT
     if args.device != "cpu" and (args.engine != "moespec" or not args.shape):
         raise ValueError(
             f"--device {args.device} plans a --shape (one layer of the expert operation); "
@@ -267,4 +308,80 @@ def llamacpp_summary(plan: dict, out) -> str:
         lines.append(
             f"llama.cpp flags at a = {decision['acceptance']:.3f}: " + " ".join(decision["args"])
         )
+    return "\n".join(lines)
+
+
+def run_export(args: argparse.Namespace) -> int:
+    """--export: read the plan, check it is of this machine (and model, weights), decide k*
+    and write the engine's settings."""
+    from pathlib import Path
+
+    from moespec.export import speculative
+
+    ignored = [f for f in ("shape", "gguf", "trace") if getattr(args, f)]
+    if ignored or args.engine != "moespec":
+        raise ValueError(
+            f"--export reads an existing plan; it takes no --{(ignored or ['engine'])[0]}"
+        )
+    timing = speculative.read_timing(args.plan)
+    speculative.check_fits(timing, export_here(args, timing.engine))
+    out = Path(args.out) if args.out else Path(args.plan).parent / f"{args.export}.json"
+    document = speculative.export_settings(
+        timing,
+        args.export,
+        drafter=args.drafter,
+        acceptance=args.acceptance,
+        draft=args.draft,
+    )
+    speculative.write_export(document, out, force=args.force)
+    print(json.dumps(document) if args.json else export_summary(document, out))
+    return 0
+
+
+def export_here(args: argparse.Namespace, engine: str) -> dict:
+    """What is known here to check the plan against: machine and engine, and the model and
+    weights kind when given."""
+    from moespec.export.speculative import facts_here
+
+    here = facts_here(engine)
+    if args.model:
+        from moespec.models import load_config
+
+        config = load_config(args.model)
+        here["model"] = {
+            k: getattr(config, k)
+            for k in (
+                "model_type", "num_layers", "hidden_size", "num_experts", "top_k",
+                "moe_intermediate_size",
+            )
+        }  # fmt: skip
+    if args.weights:
+        here["weights"] = args.weights
+    return here
+
+
+def export_summary(document: dict, out) -> str:
+    """The written file, the decision with its predicted saving, and how to pass it."""
+    p = document["predicted"]
+    engine = document["engine"]
+    lines = [f"wrote {out} ({engine} settings from {document['plan']})"]
+    head = f"at a = {p['acceptance']:.3f} with {p['drafter']} drafting: k* = {p['draft_length']}"
+    if not p["speculate"]:
+        lines.append(f"{head}, do not speculate (plain decoding is fastest)")
+        return "\n".join(lines)
+    lines.append(
+        f"{head}, {p['speedup']:.3f}x: {p['ms_per_token']:.3f} ms a token against "
+        f"{p['ms_per_token_plain']:.3f} plain (saving {p['saving']:.1%}; as timed by "
+        f"{p['timed_by']}{'' if p['certain'] else ', epsilon can move k*'})"
+    )
+    if engine == "vllm":
+        config = json.dumps(document["speculative_config"])
+        lines.append(f"vllm serve MODEL --speculative-config '{config}'")
+    elif engine == "sglang":
+        lines.append(
+            "python -m sglang.launch_server --model-path MODEL " + " ".join(document["args"])
+        )
+    else:
+        lines.append("llama-server -m MODEL.gguf " + " ".join(document["args"]))
+        lines.append("older builds: " + " ".join(document["older_builds"]))
     return "\n".join(lines)
