@@ -181,3 +181,23 @@ def test_an_empty_batch_file_is_refused(model_dir, tmp_path, capsys):
     assert main([*args, "--out", str(tmp_path / "o.jsonl")]) == 2
     assert "has no prompts" in capsys.readouterr().err
     assert not (tmp_path / "o.jsonl").exists()
+
+
+def test_a_batch_prices_drafts_at_each_sequences_share_of_the_batch_pass():
+    """k*(a, B): V(k) = tau(B (k + 1)) / B. A pass whose time grows with its tokens past
+    the batch's first few makes long drafts dear in a batch, while alone they pay."""
+    from moespec.decoding.draft_policy import DraftLengthPolicy, RunningMedians, _best_in_floats
+
+    verify = RunningMedians()
+    # tau(n): flat up to 4 tokens (the bytes dominate), then 0.25 a token (compute)
+    verify.seed({n: max(1.0, 0.25 * n) for n in range(1, 73)})
+    policy = DraftLengthPolicy("auto", max_draft_length=8, measured_verify=verify)
+    alone = policy.step_times()
+    policy.batch = 4
+    in_batch = policy.step_times()
+    assert in_batch[1] == pytest.approx(max(1.0, 0.25 * 8) / 4)  # tau(8) / 4
+    assert in_batch[0] == pytest.approx(1.0 / 4)
+    k_alone, _ = _best_in_floats(alone, 0.8)
+    k_batch, _ = _best_in_floats(in_batch, 0.8)
+    # alone, 3 drafts ride on the flat part; in a batch of 4 every token costs 0.25: none pays
+    assert k_alone == 3 and k_batch == 0

@@ -12,8 +12,9 @@ Exact: each sequence's tokens are those it decodes alone (greedy, keyed sampling
 seeded unkeyed sampling, as long as its draws are the same), because its rows' logits are.
 The expert kernel is chosen for the pass's total token count, where a batch's experts are
 the union of its tokens' (seed 000's U(n) at larger n). A shared pass's time is not any one
-sequence's tau(k + 1): the kernel policy observes the whole pass, the draft-length policies
-no verify time.
+sequence's tau(k + 1): it is tau(n) at the pass's n, observed by the kernel policy and the
+speculation's tau table; each sequence's draft-length policy is told the batch size B and
+prices k at its share tau(B (k + 1)) / B (`DraftLengthPolicy.batch`): k*(a, B).
 """
 
 import threading
@@ -83,6 +84,9 @@ def decode_batch(
             if not more:
                 return
             continue
+        for _, decoding in running:
+            if decoding.speculation is not None:
+                decoding.speculation.set_batch(len(running))
         feeds = [decoding.plan() for _, decoding in running]
         tokens = sum(map(len, feeds))
         kernel = kernels.for_pass(tokens)
@@ -91,7 +95,10 @@ def decode_batch(
         logits = batch_pass(model, feeds, caches, kernel=kernel, all_logits=True)
         shared = len(running) > 1  # alone, the sequence times its own pass, as generate does
         if shared:
-            kernels.observe(tokens, kernel, time.perf_counter() - begin)
+            seconds = time.perf_counter() - begin
+            kernels.observe(tokens, kernel, seconds)
+            for table in verify_tables(running):  # tau(n) at the batch's n, once per table
+                table.add(tokens, seconds)
         for (request, decoding), rows in zip(running, logits, strict=True):
             yield request.key, decoding.finish(rows, kernel, shared=shared)
         running = [(request, decoding) for request, decoding in running if not decoding.done]
@@ -109,3 +116,14 @@ def start(model: Transformer, request: BatchRequest, kernels: KernelPolicy) -> D
         adjust=request.adjust,
         logprobs=request.logprobs,
     )
+
+
+def verify_tables(running) -> list:
+    """The distinct tau(n) tables of the running sequences' speculation (a server's requests
+    share one: the target's pass time does not depend on who asked for it)."""
+    tables = {}
+    for _, decoding in running:
+        if decoding.speculation is not None:
+            table = decoding.speculation.verify_times
+            tables[id(table)] = table
+    return list(tables.values())

@@ -85,7 +85,7 @@ class RunningMedians:
         policies of several drafters read the same verify times every step)."""
         if self._curves_version != self.version:
             self._curves, self._curves_version = {}, self.version
-        key = (keys.start, keys.stop, anchor)
+        key = (keys.start, keys.stop, keys.step, anchor)
         if (values := self._curves.get(key)) is None:
             values = self._curves[key] = [self.estimate(k, anchor) for k in keys]
         return values
@@ -246,6 +246,10 @@ class DraftLengthPolicy:
         # 0.05-0.1 ms proposal in V(k) cost it 0.11x of its speedup over 12 demo prompts.
         self.proposes_first = False
         self.has_paid = False  # k* >= 2 chosen on the evidence: the far end is worth a step
+        # sequences decoded together (moespec.decoding.batch): with B of them drafting alike,
+        # a step's pass holds B (k + 1) tokens, and V(k) is this sequence's share of it,
+        # tau(B (k + 1)) / B, so k*(a, B) falls as the batch's passes grow dearer
+        self.batch = 1
         self.warm_tries = defaultdict(int)
         self._table_key = self._table = None
         self._idle = None  # (what it depends on, the idle streak it holds below, the plan)
@@ -268,7 +272,7 @@ class DraftLengthPolicy:
         until two pass sizes are measured). Cached until a median changes."""
         if self.given_step_times is not None:
             return list(self.given_step_times[: self.max_draft_length + 1])
-        key = (self.verify_times.version, self.draft_times.version)
+        key = (self.verify_times.version, self.draft_times.version, self.batch)
         if key != self._table_key:
             self._table_key, self._table = key, self._build_table()
         return self._table
@@ -277,7 +281,11 @@ class DraftLengthPolicy:
         table = []
         measured = self.draft_times.known()
         k_max = self.max_draft_length
-        if self.plan_verify_times is None:
+        batch = self.batch
+        if batch > 1:  # this sequence's share of a pass of batch * (k + 1) tokens
+            shared = self.verify_times.curve(range(batch, batch * (k_max + 1) + 1, batch))
+            verifies = [None if v is None else v / batch for v in shared]
+        elif self.plan_verify_times is None:
             verifies = self.verify_times.curve(range(1, k_max + 2))
         else:
             verifies = self.plan_verify_times

@@ -138,6 +138,12 @@ class Speculation:
     def policies(self) -> dict[str, DraftLengthPolicy]:
         return {name: option.policy for name, option in self.options.items()}
 
+    def set_batch(self, batch: int) -> None:
+        """Sequences decoded together this step: each policy prices its drafts at its share
+        of the batch's pass (`DraftLengthPolicy.batch`)."""
+        for option in self.options.values():
+            option.policy.batch = batch
+
     def propose(self, context: list[int], limit: int) -> Proposal:
         """The next step's draft, at most `limit` tokens."""
         if limit <= 0:
