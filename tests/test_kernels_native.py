@@ -528,10 +528,12 @@ def test_every_c_entry_point_refuses_an_argument_out_of_bounds_by_name(function,
 
 
 def test_every_c_entry_point_but_the_suffix_index_and_step_c_has_refusal_cases():
-    # step.c's (moespec_step, moespec_experts) are in the model pass's and NativeExperts' tests;
-    # the suffix index's checks return their own values (moespec.decoding.suffix)
+    # step.c's (moespec_step, moespec_step_batch, moespec_experts) are in the model pass's,
+    # the batched pass's and NativeExperts' tests; the suffix index's checks return their own
+    # values (moespec.decoding.suffix)
     checked = {n for n in _SIGNATURES if not n.startswith("moespec_suffix")}
-    assert checked - {"moespec_step", "moespec_experts"} == set(_ENTRY_POINTS)
+    step_c = {"moespec_step", "moespec_step_batch", "moespec_experts"}
+    assert checked - step_c == set(_ENTRY_POINTS)
 
 
 @needs_native

@@ -126,6 +126,12 @@ _SIGNATURES = {
         "attend_threads",
         [_P, _P, _I64, _I64, _P, _I64, _P, _P, _INT, _INT, _P, _P, _P, _INT, _INT],
     ),
+    # several sequences in one pass: B segments (native_step._Segment), their tokens
+    # concatenated
+    "moespec_step_batch": (
+        "m tokens B segments dedup all_logits logits ids weights threads",
+        [_P, _P, _I64, _P, _INT, _INT, _P, _P, _P, _INT],
+    ),
     "moespec_experts": (
         "m L x T k ids weights dedup out threads",
         [_P, _P, _P, _I64, _I64, _P, _P, _INT, _P, _INT],
@@ -180,6 +186,15 @@ _BOUNDS = {
     ("moespec_step", "m"): (
         "the model's shapes: rotary dims even, within the head and at most 1024; heads a "
         "multiple of the key heads; each MoE layer's top k within 1 .. its experts"
+    ),
+    ("moespec_step_batch", "m"): (
+        "the model's shapes: rotary dims even, within the head and at most 1024; heads a "
+        "multiple of the key heads; each MoE layer's top k within 1 .. its experts"
+    ),
+    ("moespec_step_batch", "B"): "B >= 1",
+    ("moespec_step_batch", "segments"): (
+        "each segment's T >= 1, start >= 0, start + T <= capacity and attend_threads >= 1, "
+        "and the segments' T summed at most 256"
     ),
     ("moespec_experts", "m"): "the hidden size >= 1",
     ("moespec_experts", "L"): "the layer's experts >= 1",

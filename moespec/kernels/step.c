@@ -9,13 +9,19 @@
  * or its AVX2 twin, the int8 ones, `moespec_attend_bf16_*`), so this file needs no ISA of its
  * own and its elementwise work is plain C.
  *
- * Batch 1, bf16 activations (the eager pass's rounding points: the residual stream, each
- * product's output, each norm, the rotation and the SwiGLU are rounded to bf16; norms,
- * softmax and the expert combine compute in fp32). Every row of a pass of T tokens is computed
- * as a pass of its own would compute it: the products give each row its one-row bits, each
- * row attends over exactly the positions it sees, and everything else is row-wise. So a
- * verification pass reproduces the bits of one-token steps, and the slot and deduplicating
- * expert orders (which only change which rows share a weight's read) give the same bits.
+ * Several sequences can share a pass (`moespec_step_batch`): their rows are concatenated, each
+ * sequence (a `Segment`) with its own cache, positions and rotary rows; everything but the
+ * attention takes all rows at once, so a batch reads each weight, and with the deduplicating
+ * order each distinct expert, once. `moespec_step` is the batch of one.
+ *
+ * bf16 activations (the eager pass's rounding points: the residual stream, each product's
+ * output, each norm, the rotation and the SwiGLU are rounded to bf16; norms, softmax and the
+ * expert combine compute in fp32). Every row of a pass of T tokens is computed as a pass of
+ * its own would compute it: the products give each row its one-row bits, each row attends
+ * over exactly the positions it sees, and everything else is row-wise. So a verification pass
+ * reproduces the bits of one-token steps, each sequence of a batch the bits of its own pass,
+ * and the slot and deduplicating expert orders (which only change which rows share a weight's
+ * read) give the same bits.
  *
  * A pass's buffers are kept from pass to pass (`Scratch`: it used to malloc some 15), a layer's
  * attention takes all the pass's rows in one call (native.c's `_rows`: one read of the keys and
@@ -32,7 +38,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-int moespec_step_version(void) { return 2; }
+int moespec_step_version(void) { return 3; }
 
 /* A call with an integer out of bounds returns minus its position in the call (from 1) before
  * anything is read or written, as native.c's entry points do: the caller raises a ValueError
@@ -374,24 +380,71 @@ static int64_t layout(const Model *m, int64_t T, int64_t at[B_COUNT]) {
     return total;
 }
 
-/* A pass of T tokens at positions start .. start + T - 1 of the cache. cache: per layer the
- * keys' then the values' base ([K, capacity, D] bf16, batch 1); cos, sin: rows start .. of the
- * rotary tables [*, R]. dedup: each distinct expert of a layer takes its rows in one product
- * (else one product per token and slot; the same bits either way). logits: fp32 [T, V] when
- * all_logits, else [1, V] of the last row. ids, weights: [layers][T][top], top the largest
- * top_k, of each MoE layer (or NULL). Each layer writes every row's keys and values to the
- * cache, then its attention takes the rows in one call (`attend_rows`: row t over positions
- * 0 .. start + t, as a pass of its own would see them). Returns 0, 1 without memory, 2 when a
- * native loop refused its shapes. */
-INLINE int step_body(const Model *m, const int64_t *tokens, int64_t T, int64_t start,
-                     const uint64_t *cache, int64_t capacity, const uint16_t *cos,
-                     const uint16_t *sin, int dedup, int all_logits, float *logits,
-                     int64_t *ids, float *weights, int threads, int attend_threads,
-                     char *base, const int64_t *at) {
-    const int64_t H = m->hidden, N = m->heads, K = m->kv_heads, D = m->head_dim;
+/* One sequence of a pass: its T rows (consecutive in the pass) at positions start ..
+ * start + T - 1 of its own cache. cache: per layer the keys' then the values' base
+ * ([K, capacity, D] bf16, batch 1); cos, sin: rows start .. of the rotary tables [*, R];
+ * attend_threads: its attention's threads (by the positions it reads). */
+typedef struct {
+    int64_t T, start, capacity;
+    uint64_t cache, cos, sin; /* const uint64_t [2 layers], const uint16_t [T, R] each */
+    int64_t attend_threads;
+} Segment;
+
+/* Layer l's attention of one sequence: its rows of qkv [T, (N + 2K) D] get their q/k norms
+ * and their rotation at its positions, its keys and values are written to its cache at start
+ * .. start + T - 1, and att [T, N D] is row t over its positions 0 .. start + t alone, as a
+ * pass of its own would see them (`attend_rows`). Returns 0, 1 without memory, 2 when the
+ * attention refused its shapes. */
+INLINE int attend_segment(const Model *m, const Layer *L, int64_t l, const Segment *s,
+                          uint16_t *qkv, uint16_t *att) {
+    const int64_t N = m->heads, K = m->kv_heads, D = m->head_dim;
     const int64_t QKV = (N + 2 * K) * D, R = m->rotary;
-    int64_t top = 1;
+    const uint64_t *cache = (const uint64_t *)P(s->cache);
+    uint16_t *keys = (uint16_t *)P(cache[2 * l]), *values = (uint16_t *)P(cache[2 * l + 1]);
+    const uint16_t *cos = (const uint16_t *)P(s->cos), *sin = (const uint16_t *)P(s->sin);
+    for (int64_t t = 0; t < s->T; t++) {
+        uint16_t *row = qkv + t * QKV; /* q heads, k heads, v heads */
+        if (L->qk_norm == 1)
+            for (int64_t j = 0; j < N + K; j++)
+                rms_norm(row + j * D, (const uint16_t *)P(j < N ? L->q_norm : L->k_norm), D,
+                         m->eps, row + j * D);
+        else if (L->qk_norm == 2) {
+            rms_norm(row, (const uint16_t *)P(L->q_norm), N * D, m->eps, row);
+            rms_norm(row + N * D, (const uint16_t *)P(L->k_norm), K * D, m->eps, row + N * D);
+        }
+        for (int64_t j = 0; j < N + K; j++) rotate(row + j * D, cos + t * R, sin + t * R, R);
+        const int64_t pos = s->start + t;
+        for (int64_t c = 0; c < K; c++) {
+            memcpy(keys + (c * s->capacity + pos) * D, row + (N + c) * D, (size_t)D * 2);
+            memcpy(values + (c * s->capacity + pos) * D, row + (N + K + c) * D, (size_t)D * 2);
+        }
+    }
+    int rc = ((attend_rows_fn)P(m->attend_rows))(qkv, QKV, s->T, keys, values, att, N * D, N,
+                                                 N / K, s->start + 1, D, D, s->capacity * D, D,
+                                                 s->capacity * D, D, m->scale,
+                                                 (int)s->attend_threads);
+    return rc < 0 ? 2 : rc ? 1 : 0;
+}
+
+/* A pass over the rows of B sequences (`Segment`s, their rows concatenated: n in all).
+ * Everything but attention is row-wise over all n rows at once (norms, projections, router,
+ * experts, head), so the products read each weight once for the pass and the deduplicating
+ * order reads each distinct expert once for all sequences. Each sequence's rows are rotated
+ * at its positions, write its own cache, and attend over its own positions only (one
+ * `attend_rows` call a sequence: row t over 0 .. start + t, as a pass of its own would see
+ * them). Every row so gets the bits its sequence's pass alone gives it. dedup: each distinct
+ * expert of a layer takes its rows in one product (else one product per token and slot; the
+ * same bits either way). logits: fp32 [n, V] when all_logits, else [B, V] (each sequence's
+ * last row). ids, weights: [layers][n][top], top the largest top_k, of each MoE layer (or
+ * NULL). Returns 0, 1 without memory, 2 when a native loop refused its shapes. */
+INLINE int step_body(const Model *m, const int64_t *tokens, int64_t B, const Segment *seg,
+                     int dedup, int all_logits, float *logits, int64_t *ids, float *weights,
+                     int threads, char *base, const int64_t *at) {
+    const int64_t H = m->hidden, N = m->heads, K = m->kv_heads, D = m->head_dim;
+    const int64_t QKV = (N + 2 * K) * D;
+    int64_t top = 1, T = 0; /* T: the pass's rows, all sequences' */
     for (int64_t l = 0; l < m->layers; l++) top = m->layer[l].top_k > top ? m->layer[l].top_k : top;
+    for (int64_t b = 0; b < B; b++) T += seg[b].T;
     uint16_t *h = (uint16_t *)(base + at[B_H]), *x = (uint16_t *)(base + at[B_X]);
     uint16_t *qkv = (uint16_t *)(base + at[B_QKV]), *att = (uint16_t *)(base + at[B_ATT]);
     uint16_t *y = (uint16_t *)(base + at[B_Y]), *hid = (uint16_t *)(base + at[B_HID]);
@@ -406,33 +459,12 @@ INLINE int step_body(const Model *m, const int64_t *tokens, int64_t T, int64_t s
 
     for (int64_t l = 0; l < m->layers; l++) {
         const Layer *L = &m->layer[l];
-        uint16_t *keys = (uint16_t *)P(cache[2 * l]), *values = (uint16_t *)P(cache[2 * l + 1]);
         for (int64_t t = 0; t < T; t++)
             rms_norm(h + t * H, (const uint16_t *)P(L->input_norm), H, m->eps, x + t * H);
         if ((rc = product(m, &L->qkv, x, T, qkv, threads))) return rc;
-        for (int64_t t = 0; t < T; t++) {
-            uint16_t *row = qkv + t * QKV; /* q heads, k heads, v heads */
-            if (L->qk_norm == 1)
-                for (int64_t j = 0; j < N + K; j++)
-                    rms_norm(row + j * D, (const uint16_t *)P(j < N ? L->q_norm : L->k_norm), D,
-                             m->eps, row + j * D);
-            else if (L->qk_norm == 2) {
-                rms_norm(row, (const uint16_t *)P(L->q_norm), N * D, m->eps, row);
-                rms_norm(row + N * D, (const uint16_t *)P(L->k_norm), K * D, m->eps, row + N * D);
-            }
-            for (int64_t j = 0; j < N + K; j++) rotate(row + j * D, cos + t * R, sin + t * R, R);
-            for (int64_t c = 0; c < K; c++) {
-                memcpy(keys + (c * capacity + start + t) * D, row + (N + c) * D, (size_t)D * 2);
-                memcpy(values + (c * capacity + start + t) * D, row + (N + K + c) * D,
-                       (size_t)D * 2);
-            }
-        }
-        /* row t sees positions 0 .. start + t, as a pass of its own would */
-        if ((rc = ((attend_rows_fn)P(m->attend_rows))(qkv, QKV, T, keys, values, att, N * D, N,
-                                                      N / K, start + 1, D, D, capacity * D, D,
-                                                      capacity * D, D, m->scale,
-                                                      attend_threads)))
-            return rc < 0 ? 2 : 1;
+        for (int64_t b = 0, r0 = 0; b < B; r0 += seg[b++].T) /* r0: its first row */
+            if ((rc = attend_segment(m, L, l, &seg[b], qkv + r0 * QKV, att + r0 * N * D)))
+                return rc;
         if ((rc = product(m, &L->o, att, T, y, threads))) return rc;
         add_rows(h, y, T * H);
         for (int64_t t = 0; t < T; t++)
@@ -460,22 +492,21 @@ INLINE int step_body(const Model *m, const int64_t *tokens, int64_t T, int64_t s
                               threads)))
             return rc;
     }
-    int64_t first = all_logits ? 0 : T - 1, rows = T - first;
-    for (int64_t t = first; t < T; t++)
-        rms_norm(h + t * H, (const uint16_t *)P(m->norm), H, m->eps, x + (t - first) * H);
+    /* the head's rows: every row, or each sequence's last */
+    int64_t rows = 0;
+    for (int64_t b = 0, r0 = 0; b < B; r0 += seg[b++].T)
+        for (int64_t t = all_logits ? r0 : r0 + seg[b].T - 1; t < r0 + seg[b].T; t++)
+            rms_norm(h + t * H, (const uint16_t *)P(m->norm), H, m->eps, x + rows++ * H);
     if ((rc = product(m, &m->head, x, rows, lm, threads))) return rc;
     for (int64_t i = 0; i < rows * m->vocab; i++) logits[i] = fl(lm[i]);
     return 0;
 }
 
 #define STEP_PARAMS                                                                          \
-    const Model *m, const int64_t *tokens, int64_t T, int64_t start, const uint64_t *cache,  \
-        int64_t capacity, const uint16_t *cos, const uint16_t *sin, int dedup, int all_logits, \
-        float *logits, int64_t *ids, float *weights, int threads, int attend_threads,        \
-        char *base, const int64_t *at
-#define STEP_ARGS                                                                            \
-    m, tokens, T, start, cache, capacity, cos, sin, dedup, all_logits, logits, ids, weights, \
-        threads, attend_threads, base, at
+    const Model *m, const int64_t *tokens, int64_t B, const Segment *seg, int dedup,         \
+        int all_logits, float *logits, int64_t *ids, float *weights, int threads, char *base, \
+        const int64_t *at
+#define STEP_ARGS m, tokens, B, seg, dedup, all_logits, logits, ids, weights, threads, base, at
 #define EXPERTS_PARAMS                                                                       \
     const Model *m, const Layer *L, const uint16_t *x, int64_t T, const int64_t *sid,        \
         const float *w, int dedup, uint16_t *hid, uint16_t *act, uint16_t *xg, int64_t *meta, \
@@ -521,19 +552,13 @@ static int model_refused(const Model *m) {
 }
 
 /* The pass (`step_body`) on the model's persistent buffers where it can take them, its
- * elementwise loops in the model's instructions. Returns 3 for a token id outside the
- * vocabulary, minus an argument's position for one out of bounds (the model's shapes; T >= 1;
- * start >= 0 with start + T within the cache's capacity; threads >= 1): nothing written. */
-int moespec_step(const Model *m, const int64_t *tokens, int64_t T, int64_t start,
-                 const uint64_t *cache, int64_t capacity, const uint16_t *cos,
-                 const uint16_t *sin, int dedup, int all_logits, float *logits, int64_t *ids,
-                 float *weights, int threads, int attend_threads) {
-    REFUSE(model_refused(m), 1);
-    REFUSE(T < 1, 3);
-    REFUSE(start < 0, 4);
-    REFUSE(capacity < 1 || T > capacity - start, 6); /* the pass's positions in the cache */
-    REFUSE(threads < 1, 14);
-    REFUSE(attend_threads < 1, 15);
+ * elementwise loops in the model's instructions; tokens checked first (3: one outside the
+ * vocabulary, nothing written). */
+static int run_pass(const Model *m, const int64_t *tokens, int64_t B, const Segment *seg,
+                    int dedup, int all_logits, float *logits, int64_t *ids, float *weights,
+                    int threads) {
+    int64_t T = 0;
+    for (int64_t b = 0; b < B; b++) T += seg[b].T;
     for (int64_t t = 0; t < T; t++)
         if (tokens[t] < 0 || tokens[t] >= m->vocab) return 3;
     int64_t at[B_COUNT], bytes = layout(m, T, at);
@@ -556,6 +581,56 @@ int moespec_step(const Model *m, const int64_t *tokens, int64_t T, int64_t start
     else
         free(base);
     return rc;
+}
+
+/* A pass of one sequence: T tokens at positions start .. start + T - 1 of its cache (a batch
+ * of one `Segment`). Returns 3 for a token id outside the vocabulary, minus an argument's
+ * position for one out of bounds (the model's shapes; T >= 1; start >= 0 with start + T
+ * within the cache's capacity; threads >= 1): nothing written. */
+int moespec_step(const Model *m, const int64_t *tokens, int64_t T, int64_t start,
+                 const uint64_t *cache, int64_t capacity, const uint16_t *cos,
+                 const uint16_t *sin, int dedup, int all_logits, float *logits, int64_t *ids,
+                 float *weights, int threads, int attend_threads) {
+    REFUSE(model_refused(m), 1);
+    REFUSE(T < 1, 3);
+    REFUSE(start < 0, 4);
+    REFUSE(capacity < 1 || T > capacity - start, 6); /* the pass's positions in the cache */
+    REFUSE(threads < 1, 14);
+    REFUSE(attend_threads < 1, 15);
+    const Segment one = {T, start, capacity, (uint64_t)(uintptr_t)cache, (uint64_t)(uintptr_t)cos,
+                         (uint64_t)(uintptr_t)sin, attend_threads};
+    return run_pass(m, tokens, 1, &one, dedup, all_logits, logits, ids, weights, threads);
+}
+
+#define MAX_BATCH_ROWS 256 /* a batched pass's rows, all sequences' (native_step.MAX_TOKENS) */
+
+/* Whether a batch's segments are out of bounds: each T >= 1, start >= 0 with start + T
+ * within its cache's capacity, its attention's threads >= 1; at most MAX_BATCH_ROWS rows. */
+static int segments_refused(const Segment *seg, int64_t B) {
+    int64_t rows = 0;
+    for (int64_t b = 0; b < B; b++) {
+        const Segment *s = &seg[b];
+        if (s->T < 1 || s->start < 0 || s->capacity < 1 || s->T > s->capacity - s->start ||
+            s->attend_threads < 1 || s->T > MAX_BATCH_ROWS)
+            return 1;
+        rows += s->T;
+    }
+    return rows > MAX_BATCH_ROWS;
+}
+
+/* A pass of B sequences at once (`step_body`): tokens [n], the sequences' rows concatenated
+ * in segment order; logits fp32 [n, V] (all_logits) or [B, V]; ids, weights [layers][n][top]
+ * or NULL. Each sequence's rows get the bits of its own pass (`moespec_step`). Returns 3 for
+ * a token id outside the vocabulary, minus an argument's position for one out of bounds (the
+ * model's shapes; B >= 1; the segments; threads >= 1): nothing written. */
+int moespec_step_batch(const Model *m, const int64_t *tokens, int64_t B, const Segment *seg,
+                       int dedup, int all_logits, float *logits, int64_t *ids, float *weights,
+                       int threads) {
+    REFUSE(model_refused(m), 1);
+    REFUSE(B < 1, 3);
+    REFUSE(segments_refused(seg, B), 4);
+    REFUSE(threads < 1, 10);
+    return run_pass(m, tokens, B, seg, dedup, all_logits, logits, ids, weights, threads);
 }
 
 /* The expert operation of one MoE layer alone, as the model pass runs it (`moe_experts`): the

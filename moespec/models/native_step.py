@@ -17,6 +17,12 @@ and at most MAX_TOKENS tokens of a supported model, in either mode: decode steps
 passes, a draft model's catch-up, short prompts. Longer prompts stay eager (the library's
 attention over a whole prompt at once); they are shared by plain and speculative decoding.
 
+`NativeStep.batch` runs several sequences' passes as one (step.c's `moespec_step_batch`,
+moespec.models.batch): each sequence's rows at its own positions of its own cache, attending
+over its own positions only, the rest row-wise over all rows, so each sequence gets the bits
+of its own pass while the batch reads every weight (and, deduplicating, every distinct
+expert) once.
+
 Supported: bf16 models whose every product is in the native pair layout (bf16 or int8), with
 full attention (no sliding window, sinks, biases, output gate or clipping), q/k norms per head,
 over the projection or none, and softmax top-k routing (renormalised or not) over plain SwiGLU
@@ -120,6 +126,28 @@ _STEP = ctypes.CFUNCTYPE(
     *[ctypes.c_int] * 2,
     *[_U64] * 3,
     *[ctypes.c_int] * 2,
+)
+
+
+class _Segment(ctypes.Structure):
+    """step.c's Segment: one sequence of a batched pass, T rows at `start` of its own cache
+    (per layer the keys' and values' addresses), rotated by its rows of the tables."""
+
+    _fields_ = [
+        ("T", _I64),
+        ("start", _I64),
+        ("capacity", _I64),
+        ("cache", _U64),
+        ("cos", _U64),
+        ("sin", _U64),
+        ("attend_threads", _I64),
+    ]
+
+
+# moespec_step_batch(model, tokens, B, segments, dedup, all_logits, logits, ids, weights,
+# threads)
+_STEP_BATCH = ctypes.CFUNCTYPE(
+    ctypes.c_int, _U64, _U64, _I64, _U64, *[ctypes.c_int] * 2, *[_U64] * 3, ctypes.c_int
 )
 
 
@@ -320,6 +348,16 @@ class NativeExperts(_Weights):
         return out
 
 
+def _pointer_array(cache):
+    """The addresses step.c reads a cache by: per layer its keys' then its values'."""
+    tensors = [t for pair in zip(cache.keys, cache.values, strict=True) for t in pair]
+    if cache.keys[0].shape[0] != 1 or not all(
+        t.is_contiguous() and t.dtype == torch.bfloat16 for t in tensors
+    ):
+        raise ValueError("the native pass wants a contiguous bf16 cache of batch 1")
+    return (_U64 * len(tensors))(*[t.data_ptr() for t in tensors])
+
+
 class NativeStep(_Weights):
     """`step(tokens [1, T], cache, kernel, all_logits, routing_sink) -> logits` of a pass of
     T <= MAX_TOKENS tokens at the cache's length, as `Transformer.forward` returns them ([1, T, V]
@@ -334,6 +372,7 @@ class NativeStep(_Weights):
         lib = nat.native().lib
         family = family or this_cpu()[2]
         self._fn = _STEP(("moespec_step", lib))
+        self._batch_fn = _STEP_BATCH(("moespec_step_batch", lib))
         # the pass's buffers, grown to its largest pass and freed with this object
         self._scratch = _Scratch()
         weakref.finalize(self, lib.moespec_scratch_free, ctypes.byref(self._scratch))
@@ -377,6 +416,7 @@ class NativeStep(_Weights):
         self.top_k = max((self._layers[i].top_k for i in self.moe_layers), default=1)
         self.openmp = nat.native().openmp
         self._cache_key, self._cache_ptrs, self._cache_address = None, None, 0
+        self._batch_caches = weakref.WeakKeyDictionary()  # cache: (its key, its addresses)
         self.passes = 0  # passes run natively
 
     def _layer(self, layer) -> _Layer:
@@ -411,15 +451,19 @@ class NativeStep(_Weights):
         # address of its first tensor while its other tensors lie elsewhere
         key = [t.data_ptr() for t in cache.keys] + [t.data_ptr() for t in cache.values]
         if key != self._cache_key:
-            tensors = [t for pair in zip(cache.keys, cache.values, strict=True) for t in pair]
-            if cache.keys[0].shape[0] != 1 or not all(
-                t.is_contiguous() and t.dtype == torch.bfloat16 for t in tensors
-            ):
-                raise ValueError("the native pass wants a contiguous bf16 cache of batch 1")
-            self._cache_ptrs = (_U64 * len(tensors))(*[t.data_ptr() for t in tensors])
+            self._cache_ptrs = _pointer_array(cache)
             self._cache_address = ctypes.addressof(self._cache_ptrs)
             self._cache_key = key
         return self._cache_address
+
+    def _batch_cache_addresses(self, cache) -> int:
+        """`_cache_addresses` for one of a batch's caches, each kept with its own key."""
+        key = [t.data_ptr() for t in cache.keys] + [t.data_ptr() for t in cache.values]
+        held = self._batch_caches.get(cache)
+        if held is None or held[0] != key:
+            held = key, _pointer_array(cache)
+            self._batch_caches[cache] = held
+        return ctypes.addressof(held[1])
 
     def _rotary_tables(self, positions: int) -> None:
         """Hold the rotary tables for `positions` (and their addresses): a pass reads its rows
@@ -479,3 +523,62 @@ class NativeStep(_Weights):
                 k = self._layers[i].top_k
                 sink(i, ids[i, :, :k], weights[i, :, :k])
         return logits
+
+    def batch(self, feeds, caches, *, kernel: str, all_logits: bool, sinks=None) -> list:
+        """Logits of B sequences' passes in one call: feeds[b] (int64 [T_b]) at the end of
+        caches[b], each row with the bits of its sequence's pass alone (step.c's
+        `moespec_step_batch`); per sequence float32 [T_b, V] (all_logits) or [1, V]. Writes
+        every sequence's keys and values to its own cache and advances it. sinks: None, or per
+        sequence a routing sink (or None), called per MoE layer with that sequence's rows."""
+        lengths = [int(f.shape[0]) for f in feeds]
+        if not feeds or min(lengths) < 1 or sum(lengths) > MAX_TOKENS:
+            raise ValueError(
+                f"a native batched pass holds 1-{MAX_TOKENS} tokens in all and at least one a "
+                f"sequence, got {lengths}"
+            )
+        tokens = torch.cat([torch.as_tensor(f, dtype=torch.int64) for f in feeds]).contiguous()
+        segments = self._segments(lengths, caches)
+        total, rows = sum(lengths), sum(lengths) if all_logits else len(feeds)
+        logits = torch.empty(rows, self.vocab, dtype=torch.float32)
+        ids = weights = None
+        if sinks is not None and any(s is not None for s in sinks):
+            ids = torch.zeros(len(self._layers), total, self.top_k, dtype=torch.int64)
+            weights = torch.zeros(len(self._layers), total, self.top_k, dtype=torch.float32)
+        threads = torch.get_num_threads() if self.openmp else 1
+        args = (self._model, tokens.data_ptr(), len(feeds), ctypes.addressof(segments))
+        args += (kernel == "dedup", all_logits, logits.data_ptr())
+        args += (0 if ids is None else ids.data_ptr(), 0 if weights is None else weights.data_ptr())
+        rc = self._batch_fn(*args, threads)
+        if rc == 3:
+            raise IndexError(f"token ids outside the vocabulary (0-{self.vocab - 1}) in {tokens}")
+        _raise_for(rc, "native batched pass", "moespec_step_batch", (*args, threads))
+        for cache, n in zip(caches, lengths, strict=True):
+            cache.advance(n)
+        self.passes += 1
+        firsts = [sum(lengths[:b]) for b in range(len(feeds))]  # each sequence's first row
+        if ids is not None:
+            for sink, first, n in zip(sinks, firsts, lengths, strict=True):
+                for i in self.moe_layers if sink is not None else ():
+                    k = self._layers[i].top_k
+                    sink(i, ids[i, first : first + n, :k], weights[i, first : first + n, :k])
+        if not all_logits:
+            return list(logits.split(1))
+        return [logits[first : first + n] for first, n in zip(firsts, lengths, strict=True)]
+
+    def _segments(self, lengths: list[int], caches) -> ctypes.Array:
+        """step.c's Segments of a batch: each cache's room reserved, its position, addresses
+        and rotary rows, and its attention's threads (by the positions it reads)."""
+        for cache, n in zip(caches, lengths, strict=True):
+            cache.reserve(n)
+        ends = [c.length + n for c, n in zip(caches, lengths, strict=True)]
+        if max(ends) > self._positions:
+            self._rotary_tables(max(ends))
+        threads = torch.get_num_threads() if self.openmp else 1
+        segments = (_Segment * len(lengths))()
+        for s, cache, n, end in zip(segments, caches, lengths, ends, strict=True):
+            s.T, s.start, s.capacity = n, cache.length, cache.capacity
+            s.cache = self._batch_cache_addresses(cache)
+            s.cos = self._cos + cache.length * self._row_bytes
+            s.sin = self._sin + cache.length * self._row_bytes
+            s.attend_threads = threads if end * self._position_bytes >= SMALL_WORK_BYTES else 1
+        return segments
