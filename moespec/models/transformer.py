@@ -89,14 +89,8 @@ class Transformer:
         if tokens.dim() == 1:
             tokens = tokens[None]
         batch, length = tokens.shape
-        if (
-            batch == 1
-            and length <= NATIVE_MAX_TOKENS
-            and offload is None
-            and kernel in NATIVE_KERNELS
-            and (step := self.native_step()) is not None
-            and (length > 1 or self.captured_step is None or self.batch_invariant)
-        ):
+        step = self.native_for(length, kernel) if batch == 1 and offload is None else None
+        if step is not None:
             return step(tokens, cache, kernel=kernel, all_logits=all_logits, sink=routing_sink)
         if (
             self.captured_step is not None
@@ -141,6 +135,16 @@ class Transformer:
             if self._native_note is None:
                 self._native_step = NativeStep(self)
         return self._native_step
+
+    def native_for(self, length: int, kernel: str):
+        """The native pass that runs a pass of `length` tokens of one sequence with this
+        expert kernel (no offload), or None where it runs otherwise (too long, a kernel the
+        native pass does not compute, a captured one-token step that takes it)."""
+        if length > NATIVE_MAX_TOKENS or kernel not in NATIVE_KERNELS:
+            return None
+        if length == 1 and self.captured_step is not None and not self.batch_invariant:
+            return None
+        return self.native_step()
 
     def native_report(self) -> dict:
         """{"native": whether passes of up to 256 tokens run natively, "note": why not}."""
