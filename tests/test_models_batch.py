@@ -253,6 +253,8 @@ def test_routing_sinks_see_each_sequences_own_routing(checkpoints):
         ([[1.0], [2]], ValueError, "sequence 0: token ids are integers"),
         ([[1], [2, VOCAB]], IndexError, r"sequence 1: token ids outside the vocabulary \(0-95\)"),
         ([[-1], [2]], IndexError, "sequence 0: token ids outside the vocabulary"),
+        # two passes (past 256 tokens): the bad token of the second refused before the first
+        ([[1] * 200, [2] * 99 + [VOCAB]], IndexError, "sequence 1: token ids outside"),
     ],
 )
 def test_a_bad_feed_is_refused_by_sequence_and_no_cache_touched(checkpoints, feeds, error, match):

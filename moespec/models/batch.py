@@ -14,7 +14,8 @@ logits are bit for bit those of its own pass.
 
 A sequence the native pass would not run alone (no native pass, fp32, a kernel it does not
 compute, a captured one-token step, more than MAX_TOKENS tokens) runs alone, through the
-model's own forward: the batch then changes nothing but the order in which the passes run.
+model's own forward, and so does a sequence left on its own (a batch of one, or the last of
+a batch split past MAX_TOKENS): the batch then changes nothing but the order of the passes.
 """
 
 import torch
@@ -33,11 +34,25 @@ def batch_pass(
     tokens). sinks: None, or per sequence a routing sink (or None), called per MoE layer with
     that sequence's expert ids and weights. Bad input raises before any cache is touched."""
     feeds = [_tokens(feed, b) for b, feed in enumerate(feeds)]
-    _check(model, feeds, caches, sinks)
+    _check(feeds, caches, sinks)
     sinks = sinks if sinks is not None else [None] * len(feeds)
+    native = [b for b, f in enumerate(feeds) if model.native_for(len(f), kernel) is not None]
+    groups = [g for g in _groups(native, [len(f) for f in feeds]) if len(g) > 1]
+    # a group of one is the single path's pass (less to set up): it runs as alone
+    alone = sorted(set(range(len(feeds))) - {b for group in groups for b in group})
+    if len(groups) + len(alone) > 1:  # a later pass's bad token must not find earlier ones run
+        _check_vocabulary(model, feeds)
+    try:
+        return _passes(model, feeds, caches, groups, alone, kernel, all_logits, sinks)
+    except IndexError:  # one pass refused a token before it wrote: say which sequence's
+        _check_vocabulary(model, feeds)
+        raise
+
+
+def _passes(model, feeds, caches, groups, alone, kernel, all_logits, sinks) -> list:
+    """Each group's sequences in one native pass, the others each alone."""
     out = [None] * len(feeds)
-    together = [b for b, f in enumerate(feeds) if model.native_for(len(f), kernel) is not None]
-    for group in _groups(together, [len(f) for f in feeds]):
+    for group in groups:
         logits = model.native_step().batch(
             [feeds[b] for b in group],
             [caches[b] for b in group],
@@ -47,7 +62,7 @@ def batch_pass(
         )
         for b, x in zip(group, logits, strict=True):
             out[b] = x
-    for b in sorted(set(range(len(feeds))) - set(together)):  # as the model runs it alone
+    for b in alone:  # as the model runs it alone
         pass_ = model(
             feeds[b][None], caches[b], kernel=kernel, all_logits=all_logits, routing_sink=sinks[b]
         )
@@ -57,6 +72,14 @@ def batch_pass(
 
 def _tokens(feed, b: int) -> torch.Tensor:
     """Sequence b's feed as a contiguous int64 [T_b]."""
+    if (  # as a decode loop gives it: taken as it is
+        isinstance(feed, torch.Tensor)
+        and feed.dtype == torch.int64
+        and feed.dim() == 1
+        and feed.numel()
+        and feed.is_contiguous()
+    ):
+        return feed
     tokens = torch.as_tensor(feed)
     if tokens.dim() != 1 or tokens.numel() < 1:
         raise ValueError(
@@ -67,7 +90,7 @@ def _tokens(feed, b: int) -> torch.Tensor:
     return tokens.to(torch.int64).contiguous()
 
 
-def _check(model, feeds: list[torch.Tensor], caches, sinks) -> None:
+def _check(feeds: list[torch.Tensor], caches, sinks) -> None:
     """Refuse a batch the passes would get wrong, before any cache is touched."""
     if len(feeds) != len(caches) or (sinks is not None and len(sinks) != len(feeds)):
         raise ValueError(
@@ -76,17 +99,23 @@ def _check(model, feeds: list[torch.Tensor], caches, sinks) -> None:
         )
     if len({id(c) for c in caches}) != len(caches):  # two feeds would write one position
         raise ValueError("each sequence needs its own cache: a cache appears twice in the batch")
-    vocab = model.config.vocab_size
-    for b, (tokens, cache) in enumerate(zip(feeds, caches, strict=True)):
+    for b, cache in enumerate(caches):
         if cache.keys[0].shape[0] != 1:
             raise ValueError(
                 f"sequence {b}: a cache of batch 1 per sequence, got a batch of "
                 f"{cache.keys[0].shape[0]}"
             )
-        if tokens.min() < 0 or tokens.max() >= vocab:
-            raise IndexError(
-                f"sequence {b}: token ids outside the vocabulary (0-{vocab - 1}) in {tokens}"
-            )
+
+
+def _check_vocabulary(model, feeds: list[torch.Tensor]) -> None:
+    """Refuse token ids outside the vocabulary, naming the first sequence with one."""
+    vocab = model.config.vocab_size
+    low, high = torch.aminmax(torch.cat(feeds))  # one check for all
+    if int(low) < 0 or int(high) >= vocab:
+        b = next(b for b, f in enumerate(feeds) if f.min() < 0 or f.max() >= vocab)
+        raise IndexError(
+            f"sequence {b}: token ids outside the vocabulary (0-{vocab - 1}) in {feeds[b]}"
+        )
 
 
 def _groups(sequences: list[int], lengths: list[int]) -> list[list[int]]:
