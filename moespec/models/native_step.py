@@ -526,17 +526,18 @@ class NativeStep(_Weights):
 
     def batch(self, feeds, caches, *, kernel: str, all_logits: bool, sinks=None) -> list:
         """Logits of B sequences' passes in one call: feeds[b] (int64 [T_b]) at the end of
-        caches[b], each row with the bits of its sequence's pass alone (step.c's
+        caches[b] (B distinct caches: `batch_pass` checks what this trusts), each row with the
+        bits of its sequence's pass alone (step.c's
         `moespec_step_batch`); per sequence float32 [T_b, V] (all_logits) or [1, V]. Writes
         every sequence's keys and values to its own cache and advances it. sinks: None, or per
         sequence a routing sink (or None), called per MoE layer with that sequence's rows."""
-        lengths = [int(f.shape[0]) for f in feeds]
+        feeds = [torch.as_tensor(f, dtype=torch.int64) for f in feeds]
+        lengths = [f.numel() for f in feeds]
         if not feeds or min(lengths) < 1 or sum(lengths) > MAX_TOKENS:
             raise ValueError(
                 f"a native batched pass holds 1-{MAX_TOKENS} tokens in all and at least one a "
                 f"sequence, got {lengths}"
             )
-        feeds = [torch.as_tensor(f, dtype=torch.int64) for f in feeds]
         tokens = (feeds[0] if len(feeds) == 1 else torch.cat(feeds)).contiguous()
         segments = self._segments(lengths, caches)
         total, rows = sum(lengths), sum(lengths) if all_logits else len(feeds)
