@@ -94,13 +94,17 @@ def decode_batch(
         caches = [decoding.cache for _, decoding in running]
         logits = batch_pass(model, feeds, caches, kernel=kernel, all_logits=True)
         shared = len(running) > 1  # alone, the sequence times its own pass, as generate does
-        if shared:
+        records = [
+            decoding.finish(rows, kernel, shared=shared)
+            for (_, decoding), rows in zip(running, logits, strict=True)
+        ]
+        if shared:  # the pass and every sequence's verification, as generate times a step's
             seconds = time.perf_counter() - begin
             kernels.observe(tokens, kernel, seconds)
             for table in verify_tables(running):  # tau(n) at the batch's n, once per table
                 table.add(tokens, seconds)
-        for (request, decoding), rows in zip(running, logits, strict=True):
-            yield request.key, decoding.finish(rows, kernel, shared=shared)
+        for (request, _), record in zip(running, records, strict=True):
+            yield request.key, record
         running = [(request, decoding) for request, decoding in running if not decoding.done]
 
 
