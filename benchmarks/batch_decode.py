@@ -7,7 +7,8 @@
 The same --prompts held-out prompts (--prompt-length tokens each) are decoded greedily, in bf16,
 by `moespec.decoding.batch.decode_batch` at each batch size B (1, 2, 4, 8): at B = 1 one after
 another, at B = 8 all together, each finished request replaced by the next. Per B: aggregate
-tokens/s (all tokens over the wall time of the whole set, prefills included) and the mean
+tokens/s (all tokens over the wall time of the whole set, prefills included), the decode
+steps' own tokens/s (without the prefill passes, which are the same at every B), and the mean
 per-request latency (start of its prefill to its last token), both also as ratios to B = 1
 in the same round. Arms run in --rounds rounds, their order rotated each round, in one
 process; every arm's tokens are checked equal to B = 1's.
@@ -63,13 +64,14 @@ def run_arm(model, prompts, tokens: int, batch: int, k) -> dict:
         return Speculation.single(SuffixDrafter(), DraftLengthPolicy(k, max_draft_length=8))
 
     requests = [BatchRequest(i, p, tokens, drafter=drafter()) for i, p in enumerate(prompts)]
-    out, started, ended = {}, {}, {}
+    out, started, ended, prefill = {}, {}, {}, 0.0
     drafted = accepted = rejected = 0
     begin = time.perf_counter()
     for key, record in decode_batch(model, requests, max_batch=batch, kernels=KernelPolicy()):
         now = time.perf_counter()
         if record.phase == "prefill":
             started[key] = now - record.seconds
+            prefill += record.seconds
         out.setdefault(key, []).extend(record.tokens)
         drafted, accepted = drafted + record.drafted, accepted + record.accepted
         rejected += record.accepted < record.drafted  # a step's run ends at its rejection
@@ -80,6 +82,8 @@ def run_arm(model, prompts, tokens: int, batch: int, k) -> dict:
         "tokens": [out[i] for i in range(len(prompts))],
         "wall_seconds": wall,
         "tokens_per_second": generated / wall,
+        # the decode steps alone: a prefill is a pass of its own, holding the batch meanwhile
+        "decode_tokens_per_second": (generated - len(out)) / (wall - prefill),
         "mean_latency_seconds": statistics.mean(ended[i] - started[i] for i in out),
         "drafted": drafted,
         "accepted": accepted,
@@ -216,6 +220,10 @@ def summarize(rounds, batches, max_k, tau) -> list[dict]:
             {
                 "batch": b,
                 "plain_tokens_per_second": plain,
+                "plain_decode_tokens_per_second": median(b, None, "decode_tokens_per_second"),
+                "decode_throughput_vs_batch_1": statistics.median(
+                    ratios(b, None, "decode_tokens_per_second")
+                ),
                 "throughput_vs_batch_1": statistics.median(ratios(b, None, "tokens_per_second")),
                 "throughput_vs_batch_1_range": [
                     min(ratios(b, None, "tokens_per_second")),

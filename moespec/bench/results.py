@@ -167,6 +167,28 @@ RESULTS = [
         3,
     ),
     Result(
+        "batch-decode-demo",
+        ("batch_decode_demo.json",),
+        (f"python benchmarks/batch_decode.py --out {RESULTS_DIR}/batch_decode_demo.json --force",),
+        3,
+    ),
+    Result(  # builds a 13.8 GB random checkpoint of the real shape, deleted at the end
+        "batch-decode-olmoe-1b-7b",
+        ("batch_decode_olmoe-1b-7b.json",),
+        (
+            "python benchmarks/batch_decode.py --shape olmoe-1b-7b --batch-sizes 1,2,4,8 "
+            "--max-k 2 --prompts 8 --prompt-length 32 --tokens 16 --rounds 1 "
+            f"--out {RESULTS_DIR}/batch_decode_olmoe-1b-7b.json --force",
+        ),
+        16,
+    ),
+    Result(
+        "serve-batch",
+        ("serve_batch_demo.json",),
+        (f"python benchmarks/serve_batch.py --out {RESULTS_DIR}/serve_batch_demo.json --force",),
+        5,
+    ),
+    Result(
         "offload-engine",
         ("offload_demo.json",),
         (
