@@ -135,7 +135,6 @@ def run_batch_file(
     """Decode every request of the batch file not yet in `out`; return the run's counts."""
     from moespec.decoding import KernelPolicy
     from moespec.decoding.batch import decode_batch
-    from moespec.serve import load_engine
 
     path, out = Path(path), Path(out)
     if settings.max_batch < 1:
@@ -147,14 +146,7 @@ def run_batch_file(
     note = on_note or (lambda _: None)
     if results.done:
         note(f"resuming: {len(results.done)} of {len(lines)} requests are in {out}")
-    engine = load_engine(
-        settings.model,
-        draft=settings.draft,
-        draft_length=settings.draft_length,
-        kernel=settings.kernel,
-        dtype=settings.dtype,
-        max_tokens_limit=10**9,
-    )
+    loaded = Loaded.of(settings)
     counts = {"requests": len(lines), "resumed": len(results.done), "finished": 0, "errors": 0}
 
     def write(row: dict) -> None:
@@ -164,22 +156,49 @@ def run_batch_file(
             on_result(row)
 
     try:
-        requests = batch_requests(engine, todo, settings, write)
+        requests = batch_requests(loaded, todo, settings, write)
         kernels = KernelPolicy(settings.kernel)
         for key, record in decode_batch(
-            engine.model, requests, max_batch=settings.max_batch, kernels=kernels
+            loaded.model, requests, max_batch=settings.max_batch, kernels=kernels
         ):
             line, records = key
             records.append(record)
             if record.finish_reason is not None:
-                write(result_row(engine, line, records))
+                write(result_row(loaded, line, records))
     finally:
         results.close()
-        engine.close()
     return counts
 
 
-def batch_requests(engine, lines: list[Line], settings: BatchSettings, write) -> Iterator:
+@dataclass
+class Loaded:
+    """The model, its tokenizer and speculation (per request, as a server builds it)."""
+
+    model: object
+    tokenizer: object
+    speculation: object
+    context_length: int
+
+    @classmethod
+    def of(cls, settings: BatchSettings) -> "Loaded":
+        from moespec.models import load_model
+        from moespec.serve.speculation import build_speculation
+        from moespec.session import model_and_draft
+
+        model_dir, draft = model_and_draft(settings.model, settings.draft)
+        model, tokenizer = load_model(model_dir, dtype=settings.dtype)
+        model.batch_invariant = True  # each sequence's tokens those it decodes alone
+        speculation = build_speculation(
+            draft,
+            target=model,
+            tokenizer=tokenizer,
+            dtype=settings.dtype,
+            draft_length=settings.draft_length,
+        )
+        return cls(model, tokenizer, speculation, model.config.max_position_embeddings)
+
+
+def batch_requests(loaded, lines: list[Line], settings: BatchSettings, write) -> Iterator:
     """BatchRequests of the lines, read lazily; a line that cannot run is written as its
     error record instead."""
     from moespec.decoding import Sampler
@@ -192,9 +211,9 @@ def batch_requests(engine, lines: list[Line], settings: BatchSettings, write) ->
         given = line.settings
         request_id = given.get("id")
         try:
-            prompt = engine.tokenizer.encode(given["prompt"])
+            prompt = loaded.tokenizer.encode(given["prompt"])
             max_tokens = given.get("max_tokens") or settings.max_tokens
-            check_fits(engine, line.number, prompt, max_tokens)
+            check_fits(loaded, line.number, prompt, max_tokens)
             seed = given.get("seed", settings.seed + line.number)
             temperature = given.get("temperature", settings.temperature)
             sampler = Sampler(temperature, given.get("top_p", settings.top_p), seed, keyed=True)
@@ -206,30 +225,30 @@ def batch_requests(engine, lines: list[Line], settings: BatchSettings, write) ->
             prompt=prompt,
             max_tokens=max_tokens,
             sampler=sampler,
-            drafter=engine.speculation.drafter(sampler, prompt, max_tokens, seed),
-            stop_tokens=tuple(engine.model.config.eos_token_ids),
+            drafter=loaded.speculation.drafter(sampler, prompt, max_tokens, seed),
+            stop_tokens=tuple(loaded.model.config.eos_token_ids),
         )
 
 
-def check_fits(engine, number: int, prompt: list[int], max_tokens: int) -> None:
+def check_fits(loaded, number: int, prompt: list[int], max_tokens: int) -> None:
     if not prompt:
         raise ValueError(f"line {number}: the prompt encodes to no tokens")
     if max_tokens < 1:
         raise ValueError(f"line {number}: max_tokens must be >= 1, got {max_tokens}")
-    if len(prompt) + max_tokens > engine.context_length:
+    if len(prompt) + max_tokens > loaded.context_length:
         raise ValueError(
             f"line {number}: {len(prompt)} prompt tokens and {max_tokens} new ones do not fit "
-            f"the model's context of {engine.context_length}"
+            f"the model's context of {loaded.context_length}"
         )
 
 
-def result_row(engine, line: Line, records) -> dict:
+def result_row(loaded, line: Line, records) -> dict:
     tokens = [t for r in records for t in r.tokens]
     decode = [r for r in records if r.phase == "decode"]
     return {
         "line": line.number,
         "id": line.settings.get("id"),
-        "text": engine.tokenizer.decode(tokens),
+        "text": loaded.tokenizer.decode(tokens),
         "prompt_tokens": records[0].n_tokens,
         "completion_tokens": len(tokens),
         "finish_reason": records[-1].finish_reason,

@@ -65,3 +65,36 @@ def needs_native_pass(family: str | None = None) -> None:
         pytest.skip(f"no native pass on this machine: {why}")
     assert (why := native_pass_reason(family)) is None, f"the native pass should run here: {why}"
     assert cpu_paths().to_dict()["native_pass"] == "available"  # what `moespec env` says
+
+
+# The families the native pass takes, each for what it exercises: qwen3_moe, q/k norms per
+# head, an untied head, a dense layer among MoE ones; qwen3, dense and tied; mixtral, no q/k
+# norm and renormalised top-k; olmoe, norms over the whole projection (its tiny checkpoint
+# clips q, k and v, which the native pass does not take: without clipping here)
+NATIVE_FAMILIES = {"qwen3_moe": {}, "qwen3": {}, "mixtral": {}, "olmoe": {"clip_qkv": None}}
+
+
+def native_checkpoints(tmp_path_factory):
+    """make(family) -> a tiny checkpoint directory of that family, written once."""
+    from tests.checkpoints import hf_model, save_checkpoint
+
+    made = {}
+
+    def make(family):
+        if family not in made:
+            model = hf_model(family, **NATIVE_FAMILIES.get(family, {}))
+            made[family] = save_checkpoint(model, tmp_path_factory.mktemp(family))
+        return made[family]
+
+    return make
+
+
+def native_model(directory, **kwargs):
+    """The checkpoint in bf16, its passes native: skipped only where this machine cannot run
+    the native pass, a failure where it can and the pass declines the model."""
+    from moespec.models import load_model
+
+    needs_native_pass()
+    model = load_model(directory, dtype="bf16", **kwargs)[0]
+    assert model.native_report() == {"native": True, "note": None}
+    return model

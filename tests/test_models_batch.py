@@ -13,37 +13,15 @@ from moespec.kernels import native as nat
 from moespec.models import load_model
 from moespec.models.batch import batch_pass
 from moespec.models.native_step import MAX_TOKENS, NativeStep, _Segment
-from tests.checkpoints import hf_model, save_checkpoint
-from tests.native import needs_native_pass
+from tests.native import NATIVE_FAMILIES, native_checkpoints, native_model, needs_native_pass
 
-# as tests/test_models_native_step.py: q/k norms per head and a dense layer (qwen3_moe),
-# dense and tied (qwen3), no q/k norm and renormalised top-k (mixtral), norms over the
-# projection (olmoe, without the clipping the native pass does not take)
-FAMILIES = {"qwen3_moe": {}, "qwen3": {}, "mixtral": {}, "olmoe": {"clip_qkv": None}}
-VOCAB = 96
+FAMILIES = NATIVE_FAMILIES
+VOCAB = 96  # the test checkpoints' vocabulary
 
 
 @pytest.fixture(scope="module")
 def checkpoints(tmp_path_factory):
-    made = {}
-
-    def make(family):
-        if family not in made:
-            made[family] = save_checkpoint(
-                hf_model(family, **FAMILIES.get(family, {})), tmp_path_factory.mktemp(family)
-            )
-        return made[family]
-
-    return make
-
-
-def native_model(directory, **kwargs):
-    """The checkpoint in bf16, its passes native: skipped only where this machine cannot run
-    the native pass, a failure where it can and the pass declines the model."""
-    needs_native_pass()
-    model = load_model(directory, dtype="bf16", **kwargs)[0]
-    assert model.native_report() == {"native": True, "note": None}
-    return model
+    return native_checkpoints(tmp_path_factory)
 
 
 def prefilled(model, prompts, capacity=256):

@@ -14,35 +14,21 @@ from moespec.kernels.isa import this_cpu
 from moespec.models import load_model
 from moespec.models.native_step import NativeStep
 from tests.checkpoints import hf_model, save_checkpoint
-from tests.native import needs_attention, needs_loops, needs_native_pass
+from tests.native import (
+    NATIVE_FAMILIES,
+    native_checkpoints,
+    native_model,
+    needs_attention,
+    needs_loops,
+    needs_native_pass,
+)
 
-# qwen3_moe: q/k norms per head, an untied head, a dense layer among MoE ones; qwen3: dense,
-# tied; mixtral: no q/k norm, renormalised top-k; olmoe: norms over the whole projection
-# (its tiny checkpoint clips q, k and v, which the native pass does not: without clipping here)
-FAMILIES = {"qwen3_moe": {}, "qwen3": {}, "mixtral": {}, "olmoe": {"clip_qkv": None}}
+FAMILIES = NATIVE_FAMILIES
 
 
 @pytest.fixture(scope="module")
 def checkpoints(tmp_path_factory):
-    made = {}
-
-    def make(family):
-        if family not in made:
-            made[family] = save_checkpoint(
-                hf_model(family, **FAMILIES.get(family, {})), tmp_path_factory.mktemp(family)
-            )
-        return made[family]
-
-    return make
-
-
-def native_model(directory, **kwargs):
-    """The checkpoint in bf16, its passes native: skipped only where this machine cannot run
-    the native pass, a failure where it can and the pass declines the model."""
-    needs_native_pass()
-    model = load_model(directory, dtype="bf16", **kwargs)[0]
-    assert model.native_report() == {"native": True, "note": None}
-    return model
+    return native_checkpoints(tmp_path_factory)
 
 
 def teacher_forced(model, prompt, tokens, kernel="slot") -> torch.Tensor:
