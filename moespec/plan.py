@@ -309,16 +309,20 @@ def plan_from_dict(data, where: str = "plan") -> Plan | ShapePlan:
     return _build(kind, data, where, "")
 
 
-def read_plan(path) -> Plan | ShapePlan:
-    """A plan file of either kind."""
+def read_plan_json(path):
+    """The JSON of a plan file (of any engine), or one line saying why not."""
     path = Path(path)
     try:
-        data = json.loads(path.read_text())
+        return json.loads(path.read_text())
     except FileNotFoundError:
         raise FileNotFoundError(f"{path}: no such plan file") from None
     except json.JSONDecodeError as error:
         raise ValueError(f"{path} is not valid JSON: {error}") from None
-    return plan_from_dict(data, str(path))
+
+
+def read_plan(path) -> Plan | ShapePlan:
+    """A plan file of either kind."""
+    return plan_from_dict(read_plan_json(path), str(path))
 
 
 def load_plan(path, config=None) -> Plan:

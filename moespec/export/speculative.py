@@ -18,7 +18,6 @@ Everything from `Timing` to the document is pure; `read_timing`, `facts_here` an
 `write_export` touch files and the machine.
 """
 
-import json
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -164,15 +163,10 @@ def _fraction(value) -> bool:
 
 def read_timing(path) -> Timing:
     """The timing of a plan file: moespec's (`moespec.plan`, schema checked) or llama.cpp's."""
-    from moespec.plan import load_plan
+    from moespec.plan import load_plan, read_plan_json
 
     path = Path(path)
-    try:
-        data = json.loads(path.read_text())
-    except FileNotFoundError:
-        raise FileNotFoundError(f"{path}: no such plan file") from None
-    except json.JSONDecodeError as error:
-        raise ValueError(f"{path} is not valid JSON: {error}") from None
+    data = read_plan_json(path)
     if isinstance(data, dict) and data.get("format") == LLAMACPP_PLAN_FORMAT:
         if data.get("engine") != "llamacpp":
             raise ValueError(f"{path}: engine must be 'llamacpp' in a {LLAMACPP_PLAN_FORMAT}")
