@@ -169,6 +169,36 @@ class Chain:
 
 
 @dataclass
+class BatchTable:
+    """The draft length per batch size (`moespec.calibrate.batch`): tau_hat_B(k) of a pass of
+    B sequences of k + 1 tokens each, predicted at the union of their experts, and k*(a, B)
+    on each sequence's share V_B(k) = tau_hat_B(k) / B for a drafter that proposes at no cost."""
+
+    batch_sizes: list[int]
+    verify_time: dict[int, list[float]]  # B -> tau_hat_B(k), k = 0..k_max
+    kernel: dict[int, list[str]]  # B -> the kernel of each pass
+    union: dict[int, list[float]]  # B -> U^B(k + 1), summed over the MoE layers
+    growth_slope: float  # seconds per token outside the experts beyond the measured sizes
+    best_draft_length: dict[str, dict[int, int]]  # acceptance -> B -> k*(a, B)
+
+    def verify_times(self, batch: int) -> list[float] | None:
+        """tau_hat_B(k) at batch size `batch`: the table's own, else interpolated linearly in
+        B between the nearest sizes it holds (None beyond its largest)."""
+        sizes = sorted(self.batch_sizes)
+        if batch in self.verify_time:
+            return list(self.verify_time[batch])
+        if batch < sizes[0] or batch > sizes[-1]:
+            return None
+        high = next(b for b in sizes if b > batch)
+        low = max(b for b in sizes if b < batch)
+        share = (batch - low) / (high - low)
+        return [
+            (1 - share) * a + share * b
+            for a, b in zip(self.verify_time[low], self.verify_time[high], strict=True)
+        ]
+
+
+@dataclass
 class Plan:
     """A checkpoint's plan (schema moespec-plan/2)."""
 
@@ -200,12 +230,24 @@ class Plan:
     layer_fits: dict[int, dict[str, FitSummary]] = field(default_factory=dict)
     kernel_bandwidth_error: dict[str, float | None] = field(default_factory=dict)  # eps_p
     weights: WeightFormats | None = None  # absent in plans made before int8 weights
+    batch: BatchTable | None = None  # absent in plans made before batched decoding
     format: str = PLAN_FORMAT
 
     def check(self, where: str) -> None:
         """The values the engine relies on are sane (one-line ValueError otherwise)."""
         if not self.verify_time or any(t <= 0 for t in self.verify_time):
             raise ValueError(f"{where}: verify_time must be a list of positive seconds")
+        if self.batch is not None:
+            table = self.batch
+            if not table.batch_sizes or any(b < 1 for b in table.batch_sizes):
+                raise ValueError(f"{where}: batch.batch_sizes must be batch sizes >= 1")
+            if set(table.verify_time) != set(table.batch_sizes):
+                raise ValueError(f"{where}: batch.verify_time must hold one row per batch size")
+            widths = {len(v) for v in table.verify_time.values()}
+            if len(widths) != 1 or any(t <= 0 for v in table.verify_time.values() for t in v):
+                raise ValueError(
+                    f"{where}: batch.verify_time must be rows of positive seconds, one length"
+                )
         crossover = self.kernel.crossover
         if crossover is not None and crossover < 1:
             raise ValueError(f"{where}: kernel.crossover must be a pass size >= 1 or null")
@@ -251,6 +293,7 @@ class Plan:
             verify_times=self.verify_time,
             draft_times=self.draft_time if self.measured_draft(draft_dir) else None,
             measured_verify=measured_verify,
+            batch_verify_times=None if self.batch is None else self.batch.verify_times,
         )
 
     def to_dict(self) -> dict:

@@ -154,6 +154,13 @@ def test_plan_writes_a_complete_plan_and_report(plan_dir):
     weights = plan.weights  # formats and product paths; the CPU is the provenance's
     assert weights.experts == "fp32" and weights.byte_factor == 1
     assert weights.expert_bytes == [(2 * 32 * 64 + 64 * 32) * 4] * 2  # w_l, 2 MoE layers
+    table = plan.batch  # k*(a, B), B = 1, 2, 4, 8, k = 0..3; B = 1 is the plan's own tau
+    assert table.batch_sizes == [1, 2, 4, 8] and table.verify_time[1] == plan.verify_time
+    assert all(len(table.verify_time[b]) == 4 for b in table.batch_sizes)
+    assert set(table.best_draft_length["0.8"]) == {1, 2, 4, 8}
+    assert table.best_draft_length["0.8"][1] == plan.predictions[
+        plan.plan_version
+    ].staircase.by_acceptance["0.8"].best_draft_length
     written = write_report(plan, out)
     assert all(p.exists() for p in written)
     assert "Kernel switch" in (out / "report.md").read_text()

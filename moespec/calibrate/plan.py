@@ -18,11 +18,13 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from moespec.calibrate.batch import BATCH_SIZES, batch_unions, predict_batch
 from moespec.calibrate.bench import BenchSettings, ExpertOpBenchmark, random_experts
 from moespec.calibrate.bytes import model_bytes
 from moespec.calibrate.fits import LayerFits, SlotFit, effective_bandwidths
 from moespec.calibrate.ids import recorded_windows
 from moespec.calibrate.predict import (
+    ACCEPTANCES,
     Prediction,
     outside_growth,
     times_from_fits,
@@ -45,6 +47,7 @@ from moespec.files import OutputExistsError, output_directory
 from moespec.kernels import ExpertWeights
 from moespec.plan import (
     PLAN_FORMAT,
+    BatchTable,
     BenchRun,
     Chain,
     FitSummary,
@@ -238,6 +241,7 @@ def plan_chain(
     depth: int = 256,
     verify_repeats: int = 10,
     per_layer_fits: bool = True,
+    batch_sizes: tuple[int, ...] = BATCH_SIZES,
     force: bool = False,
     progress: Progress,
 ) -> Plan:
@@ -290,6 +294,9 @@ def plan_chain(
     draft_time = draft_times(draft_dir, tokenizer, dtype, text, depth, max_n, progress)
     versions, chain = prediction_versions(model, routing, measured, whole_times, draft_time, max_n)
     chosen_name, chosen = choose_version(versions, measured, whole_times, draft_time)
+    batch = batch_table(
+        model, trace, measured, float(whole_times["slot"][0]), chain, chosen, batch_sizes, max_n
+    )
     plan = Plan(
         model=ModelSignature.of(model.config),
         model_dir=describe(model_dir),
@@ -337,9 +344,44 @@ def plan_chain(
             [e.bytes_per_expert for e in experts.values()],
             model.dtype,
         ),
+        batch=batch,
     )
     plan.save(plan_path, force=force)
     return plan
+
+
+def batch_table(
+    model, trace, measured, plain_time: float, chain, chosen, batch_sizes, max_n: int
+) -> BatchTable | None:
+    """k*(a, B) from the fits at the union of B sequences' windows (`calibrate.batch`);
+    None without batch sizes beyond one. Its row at B = 1 is the plan's own tau(n), so the
+    table's k*(a, 1) is the staircase's."""
+    if not batch_sizes or max(batch_sizes) < 2:
+        return None
+    fit_trace = split_trace(trace, "fit") if trace.num_documents > 1 else trace
+    unions = batch_unions(fit_trace, batch_sizes, max_n)
+    layers = list(model.moe_blocks)
+    prediction = predict_batch(
+        measured.fits,
+        layers,
+        [model.moe_blocks[layer].experts.bytes_per_expert for layer in layers],
+        model.config.top_k,
+        unions,
+        plain_time,
+        chain.outside_growth,
+        chosen.crossover(),
+    )
+    if 1 in prediction.verify_time:
+        prediction.verify_time[1] = chosen.auto_verify().tolist()
+        prediction.kernel[1] = [chosen.kernel_for(n) for n in range(1, max_n + 1)]
+    return BatchTable(
+        batch_sizes=prediction.batch_sizes,
+        verify_time=prediction.verify_time,
+        kernel=prediction.kernel,
+        union=prediction.union,
+        growth_slope=prediction.growth_slope,
+        best_draft_length=prediction.best_draft_lengths(ACCEPTANCES),
+    )
 
 
 def load_target(model_dir, dtype: str, weights: str | None, bench_layers, progress: Progress):

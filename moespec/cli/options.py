@@ -126,6 +126,18 @@ positive_int = at_least(1)
 non_negative_int = at_least(0)
 
 
+def batch_sizes(text: str) -> tuple[int, ...]:
+    """An argparse type: batch sizes >= 1, comma-separated, each once ("1": none beyond one)."""
+    parts = [part.strip() for part in text.split(",")]
+    try:
+        sizes = tuple(sorted({int(part) for part in parts}))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a list of integers") from None
+    if not sizes or sizes[0] < 1 or len(sizes) != len(parts):
+        raise argparse.ArgumentTypeError(f"need distinct batch sizes >= 1, got {text!r}")
+    return sizes
+
+
 def number_in(low: float, high: float, *, low_open: bool = False, high_open: bool = False):
     """An argparse type: a float in [low, high], either end open when asked."""
     left, right = "(" if low_open else "[", ")" if high_open else "]"

@@ -37,6 +37,7 @@ from moespec.cli.options import (
     add_dtype,
     add_weights,
     at_least,
+    batch_sizes,
     checkpoint_dir,
     device_name,
     existing_file,
@@ -95,6 +96,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         " them warm)",
     )
     parser.add_argument("--verify-repeats", type=positive_int, default=10)
+    parser.add_argument(
+        "--batch-sizes",
+        type=batch_sizes,
+        default=(1, 2, 4, 8),
+        help="batch sizes of the plan's draft-length table k*(a, B) (default 1,2,4,8; 1: none)",
+    )
     add_batch_invariant(
         parser,
         "time the expert operation and whole-model passes batch-invariant, as `moespec "
@@ -215,6 +222,7 @@ def run(args: argparse.Namespace) -> int:
             windows=args.windows,
             verify_repeats=args.verify_repeats,
             per_layer_fits=not args.pooled_fits,
+            batch_sizes=args.batch_sizes,
             force=args.force,
             progress=not args.json,
         )

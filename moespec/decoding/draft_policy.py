@@ -186,6 +186,8 @@ class DraftLengthPolicy:
     each probe that leaves k* at 0, back to probe_interval once drafting pays.
     measured_verify: running medians of tau(n) shared with other drafters' policies (the
     target's pass time does not depend on who drafted); a new one when None.
+    batch_verify_times: batch size -> the plan's tau_hat_B(k) of a pass of that many sequences
+    (or None), read while `batch` > 1 in place of measured passes, as `verify_times` is at 1.
     """
 
     def __init__(
@@ -202,6 +204,7 @@ class DraftLengthPolicy:
         max_probe_interval: int = 256,
         window: int = 16,
         measured_verify: RunningMedians | None = None,
+        batch_verify_times=None,
     ):
         if draft_length != "auto" and (not isinstance(draft_length, int) or draft_length < 0):
             raise ValueError(
@@ -224,6 +227,9 @@ class DraftLengthPolicy:
         self.given_step_times = step_times
         self.plan_verify_times = verify_times
         self.plan_draft_times = draft_times
+        # the plan's tau_hat_B(k) of a pass of B sequences (`moespec.plan.BatchTable.
+        # verify_times`): batch size -> [k = 0..] or None where the plan has no row for it
+        self.plan_batch_times = batch_verify_times
         self.accepted, self.rejected = prior
         self.forgetting = forgetting
         self.probe_interval = probe_interval
@@ -284,6 +290,9 @@ class DraftLengthPolicy:
         batch = self.batch
         if batch > 1:  # this sequence's share of a pass of batch * (k + 1) tokens
             shared = self.verify_times.curve(range(batch, batch * (k_max + 1) + 1, batch))
+            planned = self.plan_batch_times(batch) if self.plan_batch_times else None
+            if planned is not None:  # the plan's where it has them, as tau(n) is at B = 1
+                shared = [*planned[: k_max + 1], *shared[len(planned) :]]
             verifies = [None if v is None else v / batch for v in shared]
         elif self.plan_verify_times is None:
             verifies = self.verify_times.curve(range(1, k_max + 2))

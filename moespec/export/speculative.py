@@ -50,6 +50,8 @@ class Timing:
     bandwidth_error: float  # epsilon, which bounds how far V(k) may be off
     facts: dict  # what the plan was made with: model, weights, engine, machine (as recorded)
     where: str = "plan"
+    # tau_hat_B(k) of a pass of B sequences, k = 0..: the plan's batch table (None: absent)
+    batch_verify: dict[int, list[float]] | None = None
 
 
 @dataclass(frozen=True)
@@ -84,6 +86,7 @@ def timing_of_plan(plan, where: str = "plan") -> Timing:
         bandwidth_error=plan.bandwidth_error,
         facts=_moespec_facts(plan),
         where=where,
+        batch_verify=None if plan.batch is None else dict(plan.batch.verify_time),
     )
 
 
@@ -287,23 +290,76 @@ def decide(timing: Timing, drafter: str, acceptance: float | None = None) -> Dec
     )
 
 
+def decide_by_batch(timing: Timing, decision: Decision) -> list[Decision]:
+    """k*(a, B) at the decision's acceptance for each batch size of the plan's table, on each
+    sequence's share of the batch's pass, V_B(k) = tau_hat_B(k) / B (+ h(k), the sequence's
+    own drafting, for a draft model as moespec's engine drafts each sequence apart)."""
+    if not timing.batch_verify:
+        return []
+    out = []
+    for batch, verify in sorted(timing.batch_verify.items()):
+        draft = timing.draft_time if decision.drafter == "model" else [0.0] * len(verify)
+        steps = [t / batch + h for t, h in zip(verify, draft, strict=False)]
+        k = best_draft_length(steps, decision.acceptance)
+        out.append(
+            Decision(
+                drafter=decision.drafter,
+                acceptance=decision.acceptance,
+                draft_length=k,
+                plain_time=steps[0],
+                token_time=steps[k] / expected_tokens(decision.acceptance, k),
+                speedup=float(speedup(steps, decision.acceptance, k)),
+                certain=False,  # the table is predicted beyond the sizes the fits saw
+            )
+        )
+    return out
+
+
+def batch_schedule(sizes: list[int], lengths: list[int]) -> list[list[int]]:
+    """vLLM's `num_speculative_tokens_per_batch_size`: [first, last, K] ranges from 1, each
+    size's K up to the next size, equal neighbours merged; vLLM keeps the last K beyond."""
+    ranges = []
+    for i, (size, k) in enumerate(zip(sizes, lengths, strict=True)):
+        first = 1 if i == 0 else size
+        last = sizes[i + 1] - 1 if i + 1 < len(sizes) else size
+        if ranges and ranges[-1][2] == k:
+            ranges[-1][1] = last
+        else:
+            ranges.append([first, last, k])
+    return ranges
+
+
 # ------------------------------------------------------------------ engine settings
 
 
-def vllm_config(decision: Decision, draft: str | None) -> dict | None:
-    """vLLM's `speculative_config` (None: do not speculate, pass none)."""
+def vllm_config(
+    decision: Decision, draft: str | None, by_batch: list[Decision] | None = None,
+    sizes: list[int] | None = None,
+) -> dict | None:
+    """vLLM's `speculative_config` (None: do not speculate, pass none). With the plan's
+    batch table (`by_batch`, one decision per size of `sizes`), its per-batch-size draft
+    length `num_speculative_tokens_per_batch_size`, `num_speculative_tokens` the largest."""
     k = decision.draft_length
+    schedule = None
+    if by_batch:
+        lengths = [d.draft_length for d in by_batch]
+        schedule = batch_schedule(list(sizes), lengths)
+        k = max(lengths)
     if k == 0:
         return None
     if decision.drafter == "lookup":
         low, high = LOOKUP_NGRAM
-        return {
+        config = {
             "method": "ngram",
             "num_speculative_tokens": k,
             "prompt_lookup_min": low,
             "prompt_lookup_max": high,
         }
-    return {"method": "draft_model", "model": draft, "num_speculative_tokens": k}
+    else:
+        config = {"method": "draft_model", "model": draft, "num_speculative_tokens": k}
+    if schedule is not None and len(schedule) > 1:
+        config["num_speculative_tokens_per_batch_size"] = schedule
+    return config
 
 
 def sglang_args(decision: Decision, draft: str | None) -> list[str]:
@@ -376,20 +432,37 @@ def export_settings(
     drafter = drafter or default_drafter(timing)
     draft = draft if draft is not None else timing.draft
     decision = decide(timing, drafter, acceptance)
-    if decision.draft_length > 0:
+    by_batch = decide_by_batch(timing, decision) if target == "vllm" else []
+    if decision.draft_length > 0 or any(d.draft_length for d in by_batch):
         check_draft(target, drafter, draft)
     if target == "vllm":
-        settings = {"speculative_config": vllm_config(decision, draft)}
+        sizes = sorted(timing.batch_verify or ())
+        settings = {"speculative_config": vllm_config(decision, draft, by_batch, sizes)}
     elif target == "sglang":
         settings = {"args": sglang_args(decision, draft)}
     else:
         settings = llamacpp_args(decision, draft)
+    predicted = prediction(decision, timing)
+    if by_batch:
+        predicted["by_batch_size"] = [
+            {"batch_size": size, **_predicted_step(d)}
+            for size, d in zip(sorted(timing.batch_verify), by_batch, strict=True)
+        ]
     return {
         "format": EXPORT_FORMAT,
         "engine": target,
         "plan": timing.where,
         **settings,
-        "predicted": prediction(decision, timing),
+        "predicted": predicted,
+    }
+
+
+def _predicted_step(decision: Decision) -> dict:
+    return {
+        "draft_length": decision.draft_length,
+        "ms_per_token_plain": decision.plain_time * 1e3,
+        "ms_per_token": decision.token_time * 1e3,
+        "speedup": decision.speedup,
     }
 
 
