@@ -141,6 +141,13 @@ class SafetensorsFile:
         start = ctypes.addressof(ctypes.c_char.from_buffer(self._map))
         return start <= tensor.data_ptr() < start + self.size
 
+    def offset_of(self, tensor: torch.Tensor) -> int:
+        """The byte of the file where a view's bytes begin (`view`: how a reader that does
+        not map the file finds a mapped model's weights in it)."""
+        if not self.holds(tensor):
+            raise TensorFileError(f"a tensor of {list(tensor.shape)} is not a view of {self.path}")
+        return tensor.data_ptr() - ctypes.addressof(ctypes.c_char.from_buffer(self._map))
+
 
 def _itemsize(dtype: torch.dtype) -> int:
     return torch.empty((), dtype=dtype).element_size()

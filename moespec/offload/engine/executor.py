@@ -52,7 +52,6 @@ from moespec.offload.engine.tiers import (
     CopyJob,
     ExpertStore,
     Link,
-    SlotPool,
     make_backend,
     model_expert_bytes,
 )
@@ -94,7 +93,9 @@ class OffloadEngine:
     experts: {decoder layer index: ExpertWeights} of the MoE layers (the store);
     draft_length: k the policy plans for (0 without speculation); top_k: m;
     device: "cpu", "cuda[:N]" (or a backend of moespec.offload.engine.tiers); cpu_workers: threads
-    computing the CPU experts; record: keep a log of pins and evictions (for tests).
+    computing the CPU experts; record: keep a log of pins and evictions (for tests);
+    store: a store of the experts' own (the disk tier, moespec.offload.engine.disk) in place of
+    the model's tensors in host memory: it brings its backend, its slots and its CPU tier.
     """
 
     def __init__(
@@ -108,22 +109,21 @@ class OffloadEngine:
         device: str = "cpu",
         cpu_workers: int = 1,
         record: bool = False,
+        store=None,
     ):
         if cpu_workers < 1:
             raise ValueError(f"cpu_workers must be >= 1, got {cpu_workers}")
-        self.backend = make_backend(device)
         self.layer_indices = sorted(experts)
         self.ordinal = {layer: i for i, layer in enumerate(self.layer_indices)}
-        self.store = ExpertStore([experts[i] for i in self.layer_indices], self.backend)
+        if store is None:
+            self.backend = make_backend(device)
+            self.store = ExpertStore([experts[i] for i in self.layer_indices], self.backend)
+        else:
+            self.backend, self.store = store.backend, store
         w, layers, n = self.store.bytes_per_expert, self.store.num_layers, self.store.num_experts
         expert_cache_budget(self.store.total_bytes, w, nbytes=budget_bytes)  # one expert at least
         self.budget_bytes = int(budget_bytes)
-        self.pool = SlotPool(
-            min(self.budget_bytes // w, layers * n),
-            self.store.layers[0],
-            self.backend.device,
-            plain=getattr(self.backend, "plain_slots", False),
-        )
+        self.pool = self.store.slot_pool(min(self.budget_bytes // w, layers * n), self.backend)
         self.cache = ExpertCache([w] * layers, n, self.budget_bytes)
         self.slot_of = np.full((layers, n), -1, dtype=np.int64)  # [L, N]
         self.policy, self.top_k, self.draft_length = policy, top_k, draft_length
@@ -178,14 +178,17 @@ class OffloadEngine:
                 job = CopyJob(int(layer), int(expert), slot, "preload")
                 self.backend.copy(self.pool, job, self.store.layers[layer])
         self.link = Link(self.pool, self.store, self.backend, self.lock, self._pull, self._arrived)
-        # A worker thread's first torch call sets up its thread pool: pay that before decoding.
-        self.cpu_pool.submit(_warm_up, self.store.layers[0]).result()
+        if self.backend.device.type != "cpu":  # the CPU tier runs on a worker thread there:
+            # its first torch call sets up its thread pool; pay that before decoding.
+            self.cpu_pool.submit(_warm_up, self.store.layers[0]).result()
         self.started = True
 
     def close(self) -> None:
         if self.link is not None:
             self.link.close()
         self.cpu_pool.shutdown()
+        if hasattr(self.store, "close"):
+            self.store.close()
 
     def __enter__(self):
         return self
@@ -230,6 +233,9 @@ class OffloadEngine:
         """Totals of the run so far (taken steps), with the cache's budget and use."""
         totals = self.totals.to_dict()
         needed = totals["hits"] + totals["misses"]
+        tier = self.store.stats() if hasattr(self.store, "stats") else {}
+        if tier:  # the decode loop waited on fetches and on reads for the CPU tier
+            tier["stall_seconds"] = totals["copy_wait_seconds"] + tier.pop("read_through_seconds")
         return {
             "policy": getattr(self.policy, "name", type(self.policy).__name__),
             "device": self.backend.name,
@@ -241,6 +247,7 @@ class OffloadEngine:
             "peak_cache_bytes": self.cache.peak_bytes,
             "hit_rate": totals["hits"] / needed if needed else None,
             **totals,
+            **tier,
             **self.policy.stats(),
         }
 
@@ -275,8 +282,8 @@ class OffloadEngine:
             self.driver.stats.misses += distinct
             self.driver.stats.cpu_experts += distinct
         host = torch.device("cpu")
-        y = get_kernel(kernel)(
-            x.to(host), expert_ids.to(host), expert_weights.to(host), self.store.layers[l]
+        y = self.store.compute(
+            get_kernel(kernel), l, x.to(host), expert_ids.to(host), expert_weights.to(host)
         )
         return y.to(x.device)
 
@@ -348,7 +355,7 @@ class OffloadEngine:
         if len(work.accelerator) == 0:  # all on the CPU: the in-memory kernel on the store
             start = time.perf_counter()
             host = (x.cpu(), expert_ids.cpu(), expert_weights.cpu())  # no-ops on the CPU
-            y, end = self._cpu(kernel, *host, self.store.layers[l])
+            y, end = self._cpu(self.store, kernel, l, *host)
             return y.to(x.device), (end - start, ids.size, None, 0.0)
         # Split: each tier computes its (token, slot) pairs as rows of one expert each.
         num_tokens, top_k = ids.shape
@@ -358,11 +365,12 @@ class OffloadEngine:
         pair_weights = expert_weights.reshape(-1, 1)  # [T m, 1]
         cpu_rows = torch.from_numpy(cpu_pairs // top_k)
         cpu_args = (
+            self.store,
             kernel,
+            l,
             x.cpu()[cpu_rows],
             torch.from_numpy(flat[cpu_pairs, None]),
             pair_weights.cpu()[torch.from_numpy(cpu_pairs)],
-            self.store.layers[l],
         )
         # The CPU tier's time runs from the hand-off to its result: what the layer waits for.
         cpu_start = time.perf_counter()
@@ -396,10 +404,10 @@ class OffloadEngine:
         return y, timer, waited
 
     @staticmethod
-    def _cpu(kernel, x, expert_ids, expert_weights, experts):
+    def _cpu(store, kernel, l, x, expert_ids, expert_weights):
         """(y, the time it was ready) of the CPU tier's experts."""
         with torch.inference_mode():  # a worker thread: the caller's mode is thread-local
-            y = kernel(x, expert_ids, expert_weights, experts)
+            y = store.compute(kernel, l, x, expert_ids, expert_weights)
             return y, time.perf_counter()
 
     def _await(self, job: CopyJob) -> None:
@@ -409,7 +417,10 @@ class OffloadEngine:
 
     def _check_link(self) -> None:
         if self.link is not None and self.link.error is not None:
-            raise RuntimeError("the offload link failed") from self.link.error
+            error = self.link.error
+            if isinstance(error, OSError | ValueError):  # a one-line fault (a disk read's)
+                raise error
+            raise RuntimeError("the offload link failed") from error
 
     def _finish(self, l, experts, counts, work: _Work, timing) -> None:
         cpu_seconds, cpu_slots, acc_timer, waited = timing

@@ -265,6 +265,15 @@ class ExpertStore:
         """W: the bytes of all experts."""
         return self.num_layers * self.num_experts * self.bytes_per_expert
 
+    def slot_pool(self, slots: int, backend) -> "SlotPool":
+        """The device cache of `slots` experts this store's copies fill."""
+        plain = getattr(backend, "plain_slots", False)
+        return SlotPool(slots, self.layers[0], backend.device, plain=plain)
+
+    def compute(self, kernel, layer: int, x, expert_ids, expert_weights):
+        """The CPU tier: y [T, H] of MoE layer `layer`'s experts computed where they lie."""
+        return kernel(x, expert_ids, expert_weights, self.layers[layer])
+
 
 class SlotPool:
     """S expert slots on the device, allocated once; `weights` is the pool as one ExpertWeights
@@ -329,7 +338,8 @@ class SlotPool:
 
 
 class Link:
-    """The copy engine between the tiers: a daemon thread copying one expert at a time.
+    """The copy engine between the tiers: daemon threads copying one expert at a time each
+    (one thread, unless the backend asks for more: the disk tier keeps several reads in flight).
 
     `fetches` (on-demand copies, appended by the executor) go first; when none is waiting the
     link asks `pull()` for the next prefetch (None: idle until notified). `pull` and `arrived`
@@ -340,10 +350,19 @@ class Link:
         self.pool, self.store, self.backend = pool, store, backend
         self.lock, self.pull, self.arrived = lock, pull, arrived
         self.fetches: deque[CopyJob] = deque()
-        self.closed = self.waiting = False
+        self.closed = False
+        self.idle = 0  # threads waiting for work
         self.error: BaseException | None = None
-        self.thread = threading.Thread(target=self._run, name="moespec-offload-link", daemon=True)
-        self.thread.start()
+        self.threads = [
+            threading.Thread(target=self._run, name=f"moespec-offload-link-{i}", daemon=True)
+            for i in range(getattr(backend, "link_threads", 1))
+        ]
+        for thread in self.threads:
+            thread.start()
+
+    @property
+    def waiting(self) -> bool:
+        return self.idle > 0
 
     def _next(self) -> CopyJob | None:
         with self.lock:
@@ -351,9 +370,9 @@ class Link:
                 job = self.fetches.popleft() if self.fetches else self.pull()
                 if job is not None:
                     return job
-                self.waiting = True  # idle: the executor wakes it when there is work
+                self.idle += 1  # idle: the executor wakes it when there is work
                 self.lock.wait()
-                self.waiting = False
+                self.idle -= 1
             return None
 
     def _run(self) -> None:
@@ -365,8 +384,8 @@ class Link:
                 with self.lock:
                     self.arrived(job)
         except BaseException as error:  # surfaced by the executor instead of hanging it
-            self.error = error
             with self.lock:
+                self.error = self.error or error
                 self.closed = True
                 self.lock.notify_all()
 
@@ -374,4 +393,5 @@ class Link:
         with self.lock:
             self.closed = True
             self.lock.notify_all()
-        self.thread.join()
+        for thread in self.threads:
+            thread.join()
