@@ -40,7 +40,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 from real_draft_eval import prompts_from_held_out  # noqa: E402
 
-from moespec.costmodel import expected_tokens  # noqa: E402
+from moespec.costmodel import best_draft_length, expected_tokens  # noqa: E402
 from moespec.decoding import DraftLengthPolicy, KernelPolicy  # noqa: E402
 from moespec.decoding.batch import BatchRequest, decode_batch  # noqa: E402
 from moespec.decoding.speculation import Speculation  # noqa: E402
@@ -48,6 +48,7 @@ from moespec.decoding.suffix import SuffixDrafter  # noqa: E402
 from moespec.files import check_writable, write_json  # noqa: E402
 from moespec.models import load_model  # noqa: E402
 from moespec.models.batch import batch_pass  # noqa: E402
+from moespec.plan import load_plan  # noqa: E402
 from moespec.provenance import provenance  # noqa: E402
 
 
@@ -55,19 +56,23 @@ def peak_rss_mb() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
-def run_arm(model, prompts, tokens: int, batch: int, k) -> dict:
-    """Decode every prompt at batch size `batch`; k: None (plain), an int, or "auto"."""
+def run_arm(model, prompts, tokens: int, batch: int, k, plan=None, max_k: int = 8) -> dict:
+    """Decode every prompt at batch size `batch`; k: None (plain), an int, "auto" (measured
+    online) or "plan" (auto on the plan's tau(n) and batch table, its kernel switch)."""
 
     def drafter():
         if k is None:
             return None
+        if k == "plan":
+            return Speculation.single(SuffixDrafter(), plan.draft_policy(max_draft_length=max_k))
         return Speculation.single(SuffixDrafter(), DraftLengthPolicy(k, max_draft_length=8))
 
+    kernels = plan.kernel_policy() if k == "plan" else KernelPolicy()
     requests = [BatchRequest(i, p, tokens, drafter=drafter()) for i, p in enumerate(prompts)]
     out, started, ended, prefill = {}, {}, {}, 0.0
     drafted = accepted = rejected = 0
     begin = time.perf_counter()
-    for key, record in decode_batch(model, requests, max_batch=batch, kernels=KernelPolicy()):
+    for key, record in decode_batch(model, requests, max_batch=batch, kernels=kernels):
         now = time.perf_counter()
         if record.phase == "prefill":
             started[key] = now - record.seconds
@@ -116,6 +121,67 @@ def pass_times(model, prompts, sizes: list[int], rounds: int) -> dict[int, float
     return {n: statistics.median(v) for n, v in times.items()}
 
 
+def batch_pass_times(model, prompts, batches, max_k: int, rounds: int) -> dict:
+    """{(B, k): {kernel: median seconds}} of a batched pass of B sequences of k + 1 text
+    tokens each (the prompts' last ones again; caches rolled back), both kernels, the cases
+    interleaved in rounds."""
+    caches = []
+    for p in prompts[: max(batches)]:
+        cache = model.new_cache(capacity=len(p) + 80)
+        batch_pass(model, [p], [cache], kernel="dedup")
+        caches.append(cache)
+    cases = [
+        (b, k, kernel) for b in batches for k in range(max_k + 1) for kernel in ("slot", "dedup")
+    ]
+    times = {case: [] for case in cases}
+    for _ in range(rounds):
+        for b, k, kernel in cases:
+            feeds = [p[-(k + 1) :] for p in prompts[:b]]
+            lengths = [c.length for c in caches[:b]]
+            start = time.perf_counter()
+            batch_pass(model, feeds, caches[:b], kernel=kernel, all_logits=True)
+            times[b, k, kernel].append(time.perf_counter() - start)
+            for cache, length in zip(caches[:b], lengths, strict=True):
+                cache.rollback(length)
+    out = {}
+    for (b, k, kernel), values in times.items():
+        out.setdefault((b, k), {})[kernel] = statistics.median(values)
+    return out
+
+
+def against_plan(plan, measured: dict, batches, max_k: int, acceptance: dict) -> list[dict]:
+    """Per B: the plan's tau_hat_B(k) against the measured pass of its kernel, and k*(a, B) on
+    the plan's V_B against k* on the measured V_B (the faster kernel's), at the acceptance
+    measured in the fixed-k arms."""
+    rows = []
+    for b in batches:
+        planned = plan.batch.verify_times(b) if plan.batch else None
+        if planned is None:
+            continue
+        kernels = plan.batch.kernel.get(b) or [
+            plan.kernel_policy().for_pass(b * (k + 1)) for k in range(len(planned))
+        ]
+        width = min(max_k + 1, len(planned))
+        mine = [
+            measured[b, k][kernels[k] if kernels[k] in measured[b, k] else "slot"]
+            for k in range(width)
+        ]
+        fastest = [min(measured[b, k].values()) for k in range(width)]
+        a = min(acceptance[b], 0.999)
+        rows.append(
+            {
+                "batch": b,
+                "plan_verify_seconds": planned[:width],
+                "measured_verify_seconds": mine,
+                "verify_error": [abs(p - m) / m for p, m in zip(planned, mine, strict=False)],
+                "acceptance": acceptance[b],
+                "plan_k": best_draft_length([t / b for t in planned[:width]], a),
+                "measured_best_k": best_draft_length([t / b for t in fastest], a),
+            }
+        )
+    return rows
+
+
 def predicted_k(tau: dict[int, float], acceptance: float, batch: int, max_k: int) -> int:
     """argmax_k E(a, k) / tau(B (k + 1)): the suffix drafter's proposal is spent anyway."""
     rates = [expected_tokens(acceptance, k) / tau[batch * (k + 1)] for k in range(max_k + 1)]
@@ -147,6 +213,9 @@ def main(argv=None) -> int:
     parser.add_argument("--max-k", type=int, default=4)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument(
+        "--plan", help="a plan of this model: adds its auto arm and scores its k*(a, B) table"
+    )
     parser.add_argument("--out", required=True)
     parser.add_argument("--force", action="store_true")
     args = parser.parse_args(argv)
@@ -168,17 +237,19 @@ def main(argv=None) -> int:
 def measure(args, path: str, name: str, batches: list[int]) -> dict:
     model, tokenizer = load_model(path, dtype="bf16")
     model.batch_invariant = True
+    plan = load_plan(args.plan, model.config) if args.plan else None
     prompts = [
         p["ids"] for p in prompts_from_held_out(tokenizer, args.prompts, args.prompt_length, 0)
     ]
-    arms = [(b, k) for b in batches for k in (None, *range(1, args.max_k + 1), "auto")]
+    modes = (None, *range(1, args.max_k + 1), "auto", *(("plan",) if plan else ()))
+    arms = [(b, k) for b in batches for k in modes]
     run_arm(model, prompts[:2], 8, 2, 2)  # warm-up: every code path once
     rounds = []
     for r in range(args.rounds):
         order = arms[r % len(arms) :] + arms[: r % len(arms)]
         measured = {}
         for b, k in order:
-            measured[(b, k)] = run_arm(model, prompts, args.tokens, b, k)
+            measured[(b, k)] = run_arm(model, prompts, args.tokens, b, k, plan, args.max_k)
             print(
                 f"round {r + 1}: B={b} k={k}: {measured[(b, k)]['tokens_per_second']:.1f} tok/s",
                 flush=True,
@@ -188,6 +259,12 @@ def measure(args, path: str, name: str, batches: list[int]) -> dict:
     same = all(m["tokens"] == reference for rnd in rounds for m in rnd.values())
     sizes = sorted({b * (k + 1) for b in batches for k in range(args.max_k + 1)})
     tau = pass_times(model, prompts, sizes, max(3, args.rounds))
+    rows = summarize(rounds, batches, args.max_k, tau, plan is not None)
+    scored = None
+    if plan is not None:
+        acceptance = {row["batch"]: row["measured_acceptance"] for row in rows}
+        passes = batch_pass_times(model, prompts, batches, args.max_k, max(3, args.rounds))
+        scored = against_plan(plan, passes, batches, args.max_k, acceptance)
     return {
         "benchmark": "batch_decode",
         "model": name,
@@ -195,12 +272,13 @@ def measure(args, path: str, name: str, batches: list[int]) -> dict:
         "settings": {k: v for k, v in vars(args).items() if k not in ("out", "force")},
         "peak_rss_mb": peak_rss_mb(),
         "same_tokens_in_every_arm": same,
-        "per_batch": summarize(rounds, batches, args.max_k, tau),
+        "per_batch": rows,
         "tau_seconds": {str(n): t for n, t in tau.items()},
+        **({"plan": args.plan, "against_plan": scored} if plan is not None else {}),
     }
 
 
-def summarize(rounds, batches, max_k, tau) -> list[dict]:
+def summarize(rounds, batches, max_k, tau, with_plan: bool = False) -> list[dict]:
     def median(b, k, field):
         return statistics.median(rnd[(b, k)][field] for rnd in rounds)
 
@@ -238,6 +316,12 @@ def summarize(rounds, batches, max_k, tau) -> list[dict]:
                 "predicted_k": predicted_k(tau, acceptance, b, max_k),
             }
         )
+        if with_plan:
+            rows[-1]["plan_tokens_per_second"] = median(b, "plan", "tokens_per_second")
+            rows[-1]["plan_vs_plain"] = median(b, "plan", "tokens_per_second") / plain
+            rows[-1]["plan_vs_best_fixed"] = median(b, "plan", "tokens_per_second") / max(
+                plain, fixed[best]
+            )
     return rows
 
 

@@ -296,6 +296,24 @@ class Plan:
             batch_verify_times=None if self.batch is None else self.batch.verify_times,
         )
 
+    def weights_kind(self) -> str:
+        """The weights kind the plan ran with, as `--weights` names it."""
+        formats = self.weights
+        if formats is None:  # made before int8 weights: the dtype's own
+            return self.dtype
+        return weights_kind(formats.experts, formats.dense, self.dtype)
+
+    def facts(self) -> dict:
+        """What the plan's times depend on, as recorded: model, weights kind, engine, machine
+        (`mismatch` compares them with `facts_here`)."""
+        machine = self.provenance.machine
+        return {
+            "model": {k: v for k, v in vars(self.model).items() if k != "name"},
+            "weights": self.weights_kind(),
+            "engine": {k: self.provenance.versions.get(k) for k in ("moespec", "torch")},
+            "machine": machine_key(machine) if machine else None,
+        }
+
     def to_dict(self) -> dict:
         return _plain(self)
 
@@ -368,17 +386,92 @@ def read_plan(path) -> Plan | ShapePlan:
     return plan_from_dict(read_plan_json(path), str(path))
 
 
-def load_plan(path, config=None) -> Plan:
-    """A checkpoint's plan file, validated; with a model config, checked to be its plan."""
+def load_plan(path, config=None, *, model=None) -> Plan:
+    """A checkpoint's plan file, validated; with a model config, checked to be its plan; with
+    the loaded model, also checked to be timed on its weights kind, with this engine's
+    versions and on this machine (`PlanMismatch` says which differs): the one reading of a
+    plan that `generate`, `serve` and `auto` decide from."""
     plan = read_plan(path)
     if isinstance(plan, ShapePlan):
         raise ValueError(
             f"{path} is a shape plan ({SHAPE_PLAN_FORMAT}): it has no verify times for a model"
         )
     plan.check(str(path))
+    if model is not None:
+        config = model.config
     if config is not None:
         plan.check_model(config, str(path))
+    if model is not None:
+        reason = mismatch(plan.facts(), facts_here(model))
+        if reason is not None:
+            raise PlanMismatch(
+                f"{path} was timed for {reason}: its times are another clock's; make a plan "
+                "here (moespec plan --model MODEL --force)"
+            )
     return plan
+
+
+class PlanMismatch(ValueError):
+    """A plan timed for another weights kind, engine version or machine."""
+
+
+def weights_kind(experts: str | None, dense: str | None, dtype: str) -> str:
+    """The weights kind as `--weights` names it: int8, int8-experts, or the dtype's name."""
+    if experts == "int8":
+        return "int8" if dense == "int8" else "int8-experts"
+    return dtype
+
+
+def machine_key(machine: dict) -> dict:
+    """What of a machine decides the times: its CPU and cores (the platform string moves
+    with kernel builds)."""
+    return {"cpu": machine.get("cpu"), "cores": machine.get("cpu_count")}
+
+
+def facts_here(model=None) -> dict:
+    """This machine and moespec's versions, and with a loaded model its signature and
+    weights kind (the facts `Plan.facts` records)."""
+    import torch
+
+    import moespec
+    from moespec.provenance import machine
+
+    here = {
+        "engine": {"moespec": moespec.__version__, "torch": torch.__version__},
+        "machine": machine_key(machine()),
+    }
+    if model is not None:
+        from moespec.kernels.cpu import format_name
+
+        signature = ModelSignature.of(model.config)
+        here["model"] = {k: v for k, v in vars(signature).items() if k != "name"}
+        here["weights"] = weights_kind(
+            model.expert_format, model.dense_format, format_name(model.dtype)
+        )
+    return here
+
+
+def mismatch(facts: dict, here: dict) -> str | None:
+    """Why a plan's facts are not those here (the first that differs), or None. `here`
+    holds what is known here: model (a signature's fields), weights, engine, machine; a fact
+    missing on either side is not compared."""
+    for name, noun in (("model", "model"), ("weights", "weights kind"), ("engine", "engine")):
+        there, ours = facts.get(name), here.get(name)
+        if there is None or ours is None:
+            continue
+        if isinstance(there, dict):
+            for key, value in there.items():
+                if value is not None and ours.get(key) is not None and ours[key] != value:
+                    return f"another {noun}: {key} is {value!r} there and {ours[key]!r} here"
+        elif there != ours:
+            return f"another {noun}: {there!r} there and {ours!r} here"
+    there, ours = facts.get("machine"), here.get("machine")
+    if there is not None and ours is not None and there != ours:
+        return (
+            f"another machine: {there['cpu']!r} with {there['cores']} cores there and "
+            f"{ours['cpu']!r} with {ours['cores']} here"
+        )
+    return None
 
 
 def _lift_legacy(data: dict) -> dict:

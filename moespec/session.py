@@ -45,6 +45,9 @@ class GenerateSettings:
     expert_cache_bytes: int | None = None
     offload_device: str = "auto"
     offload_fit: str | None = None
+    # the disk tier: experts read from a converted model's file into a RAM cache of this size
+    # (bytes, "6G", or "auto": available memory less the dense weights and a margin)
+    memory_budget: int | str | None = None
     remember: bool = True  # seed auto from measurements remembered by earlier runs (--no-cache)
 
     def check(self) -> None:
@@ -69,15 +72,18 @@ class GenerateSettings:
                 f"{setting('offload')}"
             )
         if self.offload is None:
-            if budget:
+            if budget or self.memory_budget is not None:
                 raise SettingError(
-                    f"{setting('expert_cache_ratio')}/{setting('expert_cache_bytes')} need "
-                    f"{setting('offload', 'POLICY')}"
+                    f"{setting('expert_cache_ratio')}/{setting('expert_cache_bytes')}/"
+                    f"{setting('memory_budget')} need {setting('offload', 'POLICY')}"
                 )
             return
         from moespec.offload import make_policy
 
         make_policy(self.offload)  # an unknown name fails here
+        if self.memory_budget is not None:
+            self.check_disk_tier(budget)
+            return
         if not budget:
             self.expert_cache_ratio = 0.25
         ratio, nbytes = self.expert_cache_ratio, self.expert_cache_bytes
@@ -85,6 +91,22 @@ class GenerateSettings:
             raise SettingError(f"{setting('expert_cache_ratio')} must be > 0, got {ratio}")
         if nbytes is not None and nbytes < 0:
             raise SettingError(f"{setting('expert_cache_bytes')} must be >= 0, got {nbytes}")
+
+    def check_disk_tier(self, budget: bool) -> None:
+        from moespec.offload.engine.disk import parse_size
+
+        if budget:
+            raise SettingError(
+                f"{setting('memory_budget')} sizes the disk tier's RAM cache: it does not take "
+                f"{setting('expert_cache_ratio')}/{setting('expert_cache_bytes')}"
+            )
+        if self.offload_device not in ("auto", "cpu"):
+            raise SettingError(
+                f"{setting('memory_budget')} reads experts from disk into RAM: it does not "
+                f"take {setting('offload_device', self.offload_device)}"
+            )
+        if self.memory_budget != "auto":
+            self.memory_budget = parse_size(self.memory_budget)
 
 
 @dataclass
@@ -285,7 +307,7 @@ class Kernels:
         if settings.plan is not None:
             from moespec.plan import load_plan
 
-            plan = load_plan(settings.plan, model.config)
+            plan = load_plan(settings.plan, model=model)
         return cls(settings.kernel, settings.crossover, plan)
 
     def __call__(self):
@@ -359,6 +381,13 @@ class Arms:
         from moespec.offload.engine.open import cache_budget, checked_policy
 
         checked_policy(s.offload, self.speculative)
+        if s.memory_budget is not None:  # the disk tier: the budget is decided once, here
+            from moespec.offload.engine.disk import disk_budget
+
+            self.disk_budget, note = disk_budget(self.model, s.memory_budget)
+            if note is not None and on_note is not None:
+                on_note(note)
+            return False
         budget, total = cache_budget(self.model, s.expert_cache_ratio, s.expert_cache_bytes)
         if budget < total:
             return False
@@ -381,9 +410,10 @@ class Arms:
             s.offload,
             s.expert_cache_ratio,
             k if speculative else 0,
-            budget_bytes=s.expert_cache_bytes,
+            budget_bytes=s.expert_cache_bytes if s.memory_budget is None else self.disk_budget,
             device=s.offload_device,
             fit_trace=s.offload_fit,
+            disk=s.memory_budget is not None,
         )
 
     def arm(self, speculative: bool):

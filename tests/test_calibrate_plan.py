@@ -158,9 +158,10 @@ def test_plan_writes_a_complete_plan_and_report(plan_dir):
     assert table.batch_sizes == [1, 2, 4, 8] and table.verify_time[1] == plan.verify_time
     assert all(len(table.verify_time[b]) == 4 for b in table.batch_sizes)
     assert set(table.best_draft_length["0.8"]) == {1, 2, 4, 8}
-    assert table.best_draft_length["0.8"][1] == plan.predictions[
-        plan.plan_version
-    ].staircase.by_acceptance["0.8"].best_draft_length
+    assert (
+        table.best_draft_length["0.8"][1]
+        == plan.predictions[plan.plan_version].staircase.by_acceptance["0.8"].best_draft_length
+    )
     written = write_report(plan, out)
     assert all(p.exists() for p in written)
     assert "Kernel switch" in (out / "report.md").read_text()
@@ -238,6 +239,29 @@ def test_bad_plans_are_refused(plan_dir, tmp_path, change, message):
     path.write_text(json.dumps(plan))
     with pytest.raises(ValueError, match=message):
         load_plan(path, load_config(model_dir))
+
+
+@pytest.mark.parametrize(
+    "change, message",
+    [
+        (lambda p: p["provenance"]["machine"].update(cpu="Other CPU"), "another machine"),
+        (lambda p: p["provenance"]["machine"].update(cpu_count=64), "another machine"),
+        (lambda p: p["provenance"]["versions"].update(torch="1.0"), "another engine: torch"),
+        (lambda p: p["weights"].update(experts="int8", dense="int8"), "another weights kind"),
+    ],
+)
+def test_generate_refuses_a_plan_timed_on_another_clock(
+    plan_dir, tmp_path, capsys, change, message
+):
+    out, model_dir = plan_dir
+    plan = json.loads((out / "plan.json").read_text())
+    change(plan)
+    path = tmp_path / "plan.json"
+    path.write_text(json.dumps(plan))
+    argv = ["generate", "--model", str(model_dir), "w1 w2", "--dtype", "fp32", "--plan", str(path)]
+    assert main([*argv, "--max-tokens", "2"]) != 0
+    err = capsys.readouterr().err.strip()
+    assert message in err and "make a plan here" in err and len(err.splitlines()) == 1
 
 
 def test_plan_file_that_is_not_json(tmp_path):

@@ -29,6 +29,8 @@ from moespec.costmodel import (
     step_time_error,
 )
 from moespec.errors import SettingError, setting
+from moespec.plan import facts_here as plan_facts_here
+from moespec.plan import mismatch
 
 TARGETS = ("vllm", "sglang", "llamacpp")
 DRAFTERS = ("lookup", "model")  # prompt lookup in the context, or a draft checkpoint
@@ -84,28 +86,10 @@ def timing_of_plan(plan, where: str = "plan") -> Timing:
         draft=plan.draft_dir if measured_draft else None,
         acceptance=None,  # a moespec plan times the draft, not its acceptance
         bandwidth_error=plan.bandwidth_error,
-        facts=_moespec_facts(plan),
+        facts=plan.facts(),
         where=where,
         batch_verify=None if plan.batch is None else dict(plan.batch.verify_time),
     )
-
-
-def _moespec_facts(plan) -> dict:
-    machine = plan.provenance.machine
-    return {
-        "model": {k: v for k, v in vars(plan.model).items() if k != "name"},
-        "weights": plan_weights(plan),
-        "engine": {k: plan.provenance.versions.get(k) for k in ("moespec", "torch")},
-        "machine": _machine_key(machine) if machine else None,
-    }
-
-
-def plan_weights(plan) -> str:
-    """The weights kind a plan ran with, as `--weights` names it."""
-    formats = plan.weights
-    if formats is not None and formats.experts == "int8":
-        return "int8" if formats.dense == "int8" else "int8-experts"
-    return plan.dtype
 
 
 def timing_of_llamacpp(data: dict, where: str = "plan") -> Timing:
@@ -180,24 +164,12 @@ def read_timing(path) -> Timing:
 # ------------------------------------------------------------------ checking a plan
 
 
-def _machine_key(machine: dict) -> dict:
-    # the CPU and its cores decide the times; the platform string moves with kernel builds
-    return {"cpu": machine.get("cpu"), "cores": machine.get("cpu_count")}
-
-
 def facts_here(engine: str) -> dict:
     """This machine's CPU and the versions of `engine` installed here (None: not installed)."""
-    from moespec.provenance import machine
-
-    if engine == "moespec":
-        import torch
-
-        import moespec
-
-        versions = {"moespec": moespec.__version__, "torch": torch.__version__}
-    else:
-        versions = _llamacpp_versions()
-    return {"engine": versions, "machine": _machine_key(machine())}
+    here = plan_facts_here()
+    if engine != "moespec":
+        here["engine"] = _llamacpp_versions()
+    return here
 
 
 def _llamacpp_versions() -> dict | None:
@@ -210,29 +182,6 @@ def _llamacpp_versions() -> dict | None:
     except ImportError:  # llama-cpp-python absent: its version cannot be told here
         return None
     return {k: found.get(k) for k in ("llama_cpp_python", "llama_cpp")}
-
-
-def mismatch(facts: dict, here: dict) -> str | None:
-    """Why a plan's facts are not those here (the first that differs), or None. `here`
-    holds what is known here: model (a signature's fields), weights, engine, machine;
-    a fact missing on either side is not compared."""
-    for name, noun in (("model", "model"), ("weights", "weights kind"), ("engine", "engine")):
-        there, ours = facts.get(name), here.get(name)
-        if there is None or ours is None:
-            continue
-        if isinstance(there, dict):
-            for key, value in there.items():
-                if value is not None and ours.get(key) is not None and ours[key] != value:
-                    return f"another {noun}: {key} is {value!r} there and {ours[key]!r} here"
-        elif there != ours:
-            return f"another {noun}: {there!r} there and {ours!r} here"
-    there, ours = facts.get("machine"), here.get("machine")
-    if there is not None and ours is not None and there != ours:
-        return (
-            f"another machine: {there['cpu']!r} with {there['cores']} cores there and "
-            f"{ours['cpu']!r} with {ours['cores']} here"
-        )
-    return None
 
 
 def check_fits(timing: Timing, here: dict) -> None:
@@ -333,7 +282,9 @@ def batch_schedule(sizes: list[int], lengths: list[int]) -> list[list[int]]:
 
 
 def vllm_config(
-    decision: Decision, draft: str | None, by_batch: list[Decision] | None = None,
+    decision: Decision,
+    draft: str | None,
+    by_batch: list[Decision] | None = None,
     sizes: list[int] | None = None,
 ) -> dict | None:
     """vLLM's `speculative_config` (None: do not speculate, pass none). With the plan's

@@ -55,7 +55,7 @@ def load_engine(
     if plan is not None:
         from moespec.plan import load_plan
 
-        loaded_plan = load_plan(plan, target.config)
+        loaded_plan = load_plan(plan, model=target)
         if crossover is None:
             crossover = loaded_plan.kernel.crossover
     speculation = build_speculation(
