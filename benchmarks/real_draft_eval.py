@@ -13,7 +13,9 @@ at fixed k; the suffix drafter alone with its length from its counts (`suffix`);
 step among the suffix drafter, the draft model, lookup and none, as `moespec generate --draft
 auto:DIR` runs it: starting from the measurements its earlier runs remembered, here those of the
 previous auto runs of this benchmark, as `moespec generate` remembers them between runs);
-`auto-cold` (the same from nothing, `--no-cache`); and plain again (`plain-b`, whose ratio to
+`auto-cold` (the same from nothing, `--no-cache`); with `--plan`, `plan` (the same from
+nothing but the plan's clock: `--plan PLAN --no-cache`, its verify times, its draft's h(k)
+and its kernel switch, scored against the best fixed choice as auto is); and plain again (`plain-b`, whose ratio to
 plain is the noise floor). "Within 5% of the best fixed choice" is scored twice: against the
 arm best over all rounds (the best of some 17 noisy arms, biased upwards), and held out: the
 best arm chosen on the even rounds, auto scored against it on the odd ones. Arms run in a
@@ -43,10 +45,11 @@ from moespec.demo import demo_paths, describe  # noqa: E402
 from moespec.demo.corpus import held_out_documents  # noqa: E402
 from moespec.files import check_writable, write_json  # noqa: E402
 from moespec.models import load_model  # noqa: E402
+from moespec.plan import load_plan  # noqa: E402
 from moespec.provenance import provenance  # noqa: E402
 
 LOOKUP_LENGTHS = (2, 4, 8)  # the fixed lengths of lookup and the suffix drafter
-AUTO_ARMS = ("auto", "auto-cold", "suffix")  # arms that choose for themselves
+AUTO_ARMS = ("auto", "auto-cold", "suffix", "plan")  # arms that choose for themselves
 WITHIN = 0.95  # "within 5% of the best fixed choice"
 NEVER_LOSES = 0.97  # auto's floor against plain where no fixed choice beats plain
 
@@ -81,7 +84,7 @@ def quoting_prompts(tokenizer, count: int, length: int, seed: int) -> list[dict]
     return out
 
 
-def greedy_speculation(spec, target, tokenizer, prompt, n):
+def greedy_speculation(spec, target, tokenizer, prompt, n, plan=None):
     """Fresh greedy speculation of `spec` (`--draft SPEC`) for one bf16 generation."""
     return speculation_factory(
         spec,
@@ -91,20 +94,21 @@ def greedy_speculation(spec, target, tokenizer, prompt, n):
         prompt=prompt,
         max_tokens=n,
         dtype="bf16",
+        plan=plan,
     )()
 
 
-def make_arms(target, draft_model, draft_dir, tokenizer):
+def make_arms(target, draft_model, draft_dir, tokenizer, plan=None):
     """{arm name: function(prompt ids, n) -> records}, each a fresh generation."""
     vocab = target.config.vocab_size
 
-    def run(prompt, n, drafter=None, policy=None):
+    def run(prompt, n, drafter=None, policy=None, kernels=None):
         return list(
             generate(
                 target,
                 prompt,
                 max_tokens=n,
-                kernels=KernelPolicy("auto"),
+                kernels=kernels or KernelPolicy("auto"),
                 drafter=drafter,
                 draft_policy=policy,
                 stop_tokens=(),
@@ -125,12 +129,13 @@ def make_arms(target, draft_model, draft_dir, tokenizer):
         arms[f"suffix:{k}"] = lambda p, n, k=k: run(p, n, SuffixDrafter(), DraftLengthPolicy(k))
     memory = Remembered(None, "benchmark")  # in memory: what generate keeps in its file
 
-    def speculating(spec, remember):
+    def speculating(spec, remember, plan=None):
         def arm(prompt, n):
-            speculation = greedy_speculation(spec, target, tokenizer, prompt, n)
+            speculation = greedy_speculation(spec, target, tokenizer, prompt, n, plan)
             if remember:
                 memory.seed(speculation)
-            records = run(prompt, n, speculation)
+            kernels = plan.kernel_policy() if plan is not None else None
+            records = run(prompt, n, speculation, kernels=kernels)
             if remember:
                 memory.take(speculation)
             return records
@@ -140,6 +145,8 @@ def make_arms(target, draft_model, draft_dir, tokenizer):
     arms["suffix"] = speculating("suffix", remember=False)
     arms["auto"] = speculating(f"auto:{draft_dir}", remember=True)
     arms["auto-cold"] = speculating(f"auto:{draft_dir}", remember=False)
+    if plan is not None:  # `generate --draft auto:DIR --plan PLAN --no-cache`: the plan's clock
+        arms["plan"] = speculating(f"auto:{draft_dir}", remember=False, plan=plan)
     return arms
 
 
@@ -191,6 +198,17 @@ def summarise(prompts, arms, rounds) -> dict:
                 },
             }
         )
+    if "plan" in arms:  # `generate --plan` against the best fixed setting, as auto is
+        for p, i in zip(per_prompt, range(len(prompts)), strict=True):
+            runs = [r[i] for r in rounds]
+            p["plan_over_best_fixed"] = statistics.median(
+                run["plan"]["tps"] / run[p["best_fixed"]]["tps"] for run in runs
+            )
+            if p["held_out"]:
+                pick = p["held_out"]["best_fixed"]
+                p["held_out"]["plan_over_best_fixed"] = statistics.median(
+                    r["plan"]["tps"] / r[pick]["tps"] for r in runs[1::2]
+                )
     no_gain = [p for p in per_prompt if p["best_fixed"] == "plain"]
     auto = [p["speedup"]["auto"] for p in per_prompt]
     noise = [p["speedup"]["plain-b"] for p in per_prompt]
@@ -231,7 +249,26 @@ def summarise(prompts, arms, rounds) -> dict:
             / len(per_prompt),
             "share_of_prompts_where_auto_beats_plain": sum(a > 1 for a in auto) / len(auto),
             "noise_floor_plain_b_over_plain": [min(noise), statistics.median(noise), max(noise)],
+            **(plan_scores(per_prompt) if "plan" in arms else {}),
         },
+    }
+
+
+def plan_scores(per_prompt) -> dict:
+    plan = [p["speedup"]["plan"] for p in per_prompt]
+    held_out = [p["held_out"] for p in per_prompt]
+    return {
+        "plan_within_5pct_of_best_fixed": sum(
+            p["plan_over_best_fixed"] >= WITHIN for p in per_prompt
+        )
+        / len(per_prompt),
+        "plan_within_5pct_of_best_fixed_held_out": (
+            sum(h["plan_over_best_fixed"] >= WITHIN for h in held_out) / len(held_out)
+            if all(held_out)
+            else None
+        ),
+        "plan_median_speedup": statistics.median(plan),
+        "plan_worst_against_plain": min(plan),
     }
 
 
@@ -280,6 +317,9 @@ def main(argv=None) -> int:
     parser.add_argument("--threads", type=int, help="torch intra-op threads (default: torch's)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--batch-invariant", default="on", choices=["on", "off"])
+    parser.add_argument(
+        "--plan", help="a plan of the target made with --draft: adds its arm (auto on the plan)"
+    )
     parser.add_argument("--out", required=True)
     parser.add_argument("--plot")
     parser.add_argument("--force", action="store_true")
@@ -296,7 +336,8 @@ def main(argv=None) -> int:
     prompts = prompts_from_held_out(tokenizer, args.prompts, args.prompt_tokens, args.seed)
     if args.quoting:
         prompts += quoting_prompts(tokenizer, args.quoting, args.prompt_tokens, args.seed)
-    arms = make_arms(target, draft, draft_dir, tokenizer)
+    plan = load_plan(args.plan, model=target) if args.plan else None
+    arms = make_arms(target, draft, draft_dir, tokenizer, plan)
     for run in arms.values():  # the same warm-up for every arm
         run(prompts[0]["ids"], 16)
     rng = random.Random(args.seed)
@@ -312,6 +353,7 @@ def main(argv=None) -> int:
         "arms": list(arms),
         "seed": args.seed,
         "quoting_prompts": args.quoting,
+        "plan": args.plan,
         "threads": torch.get_num_threads(),
     }
     started = time.time()
