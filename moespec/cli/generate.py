@@ -21,6 +21,9 @@ experts live in host memory and an expert cache of --expert-cache-ratio R of the
 --expert-cache-bytes B) on the compute device; the policy decides per layer which experts run
 from the cache, are copied in, or run on the CPU. The prompt runs on the host and is the fit
 split of the policy (or --offload-fit TRACE). A budget holding every expert runs in memory.
+With --memory-budget SIZE (a converted model) the experts stay in its file on disk and are read
+with direct I/O into a RAM cache of SIZE (auto: available memory less the dense weights and a
+margin), run by the same policies.
 """
 
 import argparse
@@ -207,6 +210,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="B",
         help="expert cache budget in bytes",
     )
+    budget.add_argument(
+        "--memory-budget",
+        metavar="SIZE",
+        help="keep the experts in a converted model's file, read with direct I/O into a RAM "
+        "cache of SIZE (6G, 512M, or auto: available memory less the dense weights and a "
+        "margin)",
+    )
     offload.add_argument(
         "--offload-device",
         default="auto",
@@ -271,6 +281,7 @@ def run(args: argparse.Namespace) -> int:
         expert_cache_bytes=args.expert_cache_bytes,
         offload_device=args.offload_device,
         offload_fit=args.offload_fit,
+        memory_budget=args.memory_budget,
         remember=not args.no_cache,
     )
     result = generate_text(
@@ -321,7 +332,21 @@ def format_offload(s: dict) -> str:
     return (
         f"[offload {s['policy']} on {s['device']}: cache {s['budget_bytes'] / 2**20:.1f} MiB "
         f"({s['slots']} experts of {s['total_expert_bytes'] // s['expert_bytes']}), hit rate "
-        f"{rate}, {s['bytes_copied'] / 2**20:.1f} MiB copied, {s['cpu_experts']} experts on CPU]"
+        f"{rate}, {s['bytes_copied'] / 2**20:.1f} MiB copied, {s['cpu_experts']} experts on CPU"
+        + format_disk(s)
+        + "]"
+    )
+
+
+def format_disk(s: dict) -> str:
+    """The disk tier's reads, where the experts came from disk."""
+    if s.get("tier") != "disk":
+        return ""
+    rate = s["disk_bytes_read"] / s["read_seconds"] / 1e9 if s["read_seconds"] else 0.0
+    how = "O_DIRECT" if s["o_direct"] else "buffered"
+    return (
+        f"; read {s['disk_bytes_read'] / 2**20:.1f} MiB in {s['disk_reads']} reads "
+        f"({how}, {rate:.2f} GB/s while reading), stalled {s['stall_seconds']:.3f} s"
     )
 
 
