@@ -21,6 +21,13 @@ k*(a, B) = argmax_k E(a, k) / tau(B (k + 1)) (seed 000's rule with V(k) = tau(k 
 drafter whose proposal is spent anyway), from tau(n) measured here as batched passes of n
 tokens (n = B (k + 1)) and the acceptance a measured in the fixed-k runs.
 
+--plan PLAN (a plan of this model, made here): its arm decodes with `auto` reading the plan
+(its tau(n), its batch table's tau_hat_B(k), its kernel switch: `generate --plan`), and the
+table is scored: tau_hat_B(k) against batched passes of B sequences of k + 1 text tokens
+measured here (both kernels, interleaved), and k*(a, B) on the plan's V_B against k* on the
+measured V_B, at the acceptance of the fixed-k arms. Beside each B's throughput, the bound a
+pass limited by its weight bytes would give, from the plan's union of B sequences' experts.
+
 --shape NAME builds a random-weight checkpoint of that model's real shape (streamed, bf16,
 with a real-text tokenizer) in --checkpoints, and deletes it at the end unless
 --keep-checkpoints; peak RSS is reported beside every figure.
@@ -149,6 +156,17 @@ def batch_pass_times(model, prompts, batches, max_k: int, rounds: int) -> dict:
     return out
 
 
+def byte_bound(model, plan) -> dict[int, float]:
+    """{B: B bytes(1) / bytes(B)}: the throughput over B = 1 of plain batched decoding were a
+    pass bound by its weight bytes alone, bytes(B) = D + U^B(1) w (seed 000 eq. 5, without
+    the KV cache), with the union of B sequences' experts the plan measured on its trace."""
+    weights = model.parameter_bytes()
+    blocks = model.moe_blocks.values()
+    per_expert = weights["experts"] / sum(b.experts.num_experts for b in blocks)
+    nbytes = {b: weights["dense"] + plan.batch.union[b][0] * per_expert for b in plan.batch.union}
+    return {b: b * nbytes[1] / nbytes[b] for b in nbytes if 1 in nbytes}
+
+
 def against_plan(plan, measured: dict, batches, max_k: int, acceptance: dict) -> list[dict]:
     """Per B: the plan's tau_hat_B(k) against the measured pass of its kernel, and k*(a, B) on
     the plan's V_B against k* on the measured V_B (the faster kernel's), at the acceptance
@@ -261,7 +279,10 @@ def measure(args, path: str, name: str, batches: list[int]) -> dict:
     tau = pass_times(model, prompts, sizes, max(3, args.rounds))
     rows = summarize(rounds, batches, args.max_k, tau, plan is not None)
     scored = None
-    if plan is not None:
+    if plan is not None and plan.batch is not None:
+        bound = byte_bound(model, plan)
+        for row in rows:
+            row["byte_bound_vs_batch_1"] = bound.get(row["batch"])
         acceptance = {row["batch"]: row["measured_acceptance"] for row in rows}
         passes = batch_pass_times(model, prompts, batches, args.max_k, max(3, args.rounds))
         scored = against_plan(plan, passes, batches, args.max_k, acceptance)

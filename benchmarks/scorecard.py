@@ -17,7 +17,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from moespec.bench.checkpoints import random_checkpoint
+from moespec.bench.checkpoints import FULL_SIZE, random_checkpoint, streamed_random_checkpoint
 from moespec.calibrate.evaluate import (
     CALIBRATIONS,
     CORRUPTIONS,
@@ -34,10 +34,14 @@ from moespec.files import Journal, check_writable, write_json
 from moespec.models import load_model
 from moespec.progress import Progress
 
-CONFIGS = {  # name: (checkpoint, dtype)
-    "demo-bf16": ("demo", "bf16"),
-    "olmoe4L-bf16": ("olmoe", "bf16"),
-    "olmoe4L-fp32": ("olmoe", "fp32"),
+CONFIGS = {  # name: (checkpoint, dtype, weights)
+    "demo-bf16": ("demo", "bf16", None),
+    "olmoe4L-bf16": ("olmoe", "bf16", None),
+    "olmoe4L-int8": ("olmoe", "bf16", "int8"),
+    "olmoe4L-fp32": ("olmoe", "fp32", None),
+    # full size: OLMoE-1B-7B's 16 layers of random weights, streamed (never whole in memory)
+    "olmoe-1b-7b-bf16": ("olmoe-1b-7b", "bf16", None),
+    "olmoe-1b-7b-int8": ("olmoe-1b-7b", "bf16", "int8"),
 }
 
 
@@ -45,6 +49,8 @@ def checkpoint(kind: str, cache_dir: Path) -> Path:
     if kind == "demo":
         return demo_paths()[0]
     cache_dir.mkdir(parents=True, exist_ok=True)
+    if kind in FULL_SIZE:
+        return streamed_random_checkpoint(kind, cache_dir)
     return random_checkpoint(kind, cache_dir)
 
 
@@ -68,7 +74,7 @@ def main(argv=None) -> int:
         "--force", action="store_true", help="make the plan afresh and overwrite evaluation.json"
     )
     args = parser.parse_args(argv)
-    kind, dtype = CONFIGS[args.config]
+    kind, dtype, weights = CONFIGS[args.config]
     if args.threads is not None:
         import torch
 
@@ -80,11 +86,13 @@ def main(argv=None) -> int:
     if args.force or not (args.out / "plan.json").exists():
         from moespec.report.plan import write_report
 
-        plan = make_plan(args.out, model_dir=model_dir, dtype=dtype, force=args.force)
+        plan = make_plan(
+            args.out, model_dir=model_dir, dtype=dtype, weights=weights, force=args.force
+        )
         write_report(plan, args.out)
     plan = load_plan(args.out / "plan.json")
-    model, tokenizer = load_model(model_dir, dtype=dtype)
-    load_plan(args.out / "plan.json", model.config)
+    model, tokenizer = load_model(model_dir, dtype=dtype, weights=weights)
+    load_plan(args.out / "plan.json", model=model)  # this model's, weights kind and machine
     settings = EvaluationSettings(
         prompts=args.prompts,
         tokens=args.tokens,
