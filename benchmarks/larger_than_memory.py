@@ -25,7 +25,7 @@ Memory condition: the budget is the expert cache's; a helper process allocates, 
 permitted (else only touches: every page written) and holds --hold bytes, so that the page
 cache of every arm, llama.cpp's included, sees the same room: `--hold auto` holds
 MemAvailable - (budget + dense weights + --hold-margin). Each arm runs in a process of its
-own (its peak RSS is its own), after the page cache is dropped (`--drop-caches`: global
+own (its peak RSS, VmHWM, is its own), after the page cache is dropped (`--drop-caches`: global
 through /proc/sys/vm/drop_caches where permitted, else POSIX_FADV_DONTNEED on the model's
 files; the files' resident share is measured after, with mincore).
 
@@ -299,7 +299,7 @@ def run_worker(job_path: str) -> int:
         torch.set_num_threads(job["threads"])
         work = {"facts": facts_job, "moespec": moespec_run, "llama.cpp": llamacpp_run}
         result = work[job["job"]](job)
-        result["peak_rss_bytes"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+        result["peak_rss_bytes"] = peak_rss()
         code = 0
     except (ValueError, OSError, RuntimeError) as error:  # one-line faults of the library
         from moespec.errors import cli_message
@@ -307,6 +307,13 @@ def run_worker(job_path: str) -> int:
         result, code = {"error": cli_message(error).splitlines()[0]}, 2
     out.write_text(json.dumps(result))
     return code
+
+
+def peak_rss() -> int:
+    """This process image's peak resident set (VmHWM: unlike ru_maxrss, not inherited from
+    the parent that forked it)."""
+    with open("/proc/self/status") as f:
+        return next(int(line.split()[1]) * 1024 for line in f if line.startswith("VmHWM:"))
 
 
 def facts_job(job: dict) -> dict:
@@ -765,7 +772,7 @@ def score_targets(results: dict, facts: dict, budget: int, sources: list, runs: 
     share = (budget + facts["dense_bytes"]) / facts["model_bytes"]
     out = {"memory_share_of_model": scored(share, TARGETS["memory_share_of_model"], False)}
     for source in sources:
-        disk = {k: v for k, v in results.items() if k.endswith(f"|{source}") and "slots" in v}
+        disk = {k: v for k, v in results.items() if k == f"{v['arm']}|{source}" and "slots" in v}
         best = max(disk, key=lambda k: disk[k]["tokens_per_second"], default=None)
         over_llama = paired(runs, best, "llama.cpp|model") if best and source == "model" else None
         gain = paired(runs, f"spac+draft|{source}", f"spac-ar|{source}")
