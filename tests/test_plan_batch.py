@@ -57,8 +57,7 @@ def test_the_union_of_sequences_of_disjoint_experts_adds_up():
 def test_batch_unions_grow_with_the_window_and_the_batch_within_their_bounds():
     rng = np.random.default_rng(1)
     documents = [
-        np.stack([rng.choice(EXPERTS, TOP_K, replace=False) for _ in range(30)])
-        for _ in range(6)
+        np.stack([rng.choice(EXPERTS, TOP_K, replace=False) for _ in range(30)]) for _ in range(6)
     ]
     unions = batch_unions(trace_of(documents), [1, 2, 4, 8], width=5, draws=64)
     for batch, table in unions.items():
