@@ -15,6 +15,12 @@ MAKE_OLMOE_4L = (
     "python -c 'from pathlib import Path; from moespec.bench.checkpoints import "
     f'random_checkpoint; random_checkpoint("olmoe", Path("{CHECKPOINTS}"))\''
 )
+OLMOE_FULL = f"{CHECKPOINTS}/olmoe-1b-7b-16L-streamed"  # 13.8 GB: delete it when done
+MAKE_OLMOE_FULL = (
+    "python -c 'from pathlib import Path; from moespec.bench.checkpoints import "
+    "streamed_random_checkpoint; "
+    f'streamed_random_checkpoint("olmoe-1b-7b", Path("{CHECKPOINTS}"))\''
+)
 BEFORE_TREE = f"{CHECKPOINTS}/before-9aca000"  # main before the native model pass
 PLAN_FIGURES = ("bandwidth.png", "ratio.png", "saving.png", "staircase.png", "report.md")
 REPORT_FILES = ("report.md", "report.json", "table1.png", "table2.png", "figure5.png")
@@ -181,6 +187,54 @@ RESULTS = [
             f"--out {RESULTS_DIR}/batch_decode_olmoe-1b-7b.json --force",
         ),
         16,
+    ),
+    Result(  # on an AVX2-only host (AMD EPYC, 2 cores): the plan's batch table scored
+        "batch-decode-demo-avx2",
+        (
+            "plans/demo-bf16-avx2/plan.json",
+            "plans/demo-bf16-avx2/bench.jsonl",
+            *(f"plans/demo-bf16-avx2/{name}" for name in PLAN_FIGURES),
+            "batch_decode_demo_avx2.json",
+        ),
+        (
+            f"moespec plan --draft moespec/demo/draft --out {RESULTS_DIR}/plans/demo-bf16-avx2 "
+            "--force",
+            "python benchmarks/batch_decode.py "
+            f"--plan {RESULTS_DIR}/plans/demo-bf16-avx2/plan.json --tokens 128 --rounds 5 "
+            f"--out {RESULTS_DIR}/batch_decode_demo_avx2.json --force",
+        ),
+        2,
+    ),
+    Result(  # AVX2-only host; the checkpoint (13.8 GB) is deleted by the last command
+        "batch-decode-olmoe-1b-7b-avx2",
+        (
+            "plans/olmoe-1b-7b-16L-bf16-avx2/plan.json",
+            "plans/olmoe-1b-7b-16L-bf16-avx2/bench.jsonl",
+            *(f"plans/olmoe-1b-7b-16L-bf16-avx2/{name}" for name in PLAN_FIGURES),
+            "batch_decode_olmoe-1b-7b_avx2.json",
+        ),
+        (
+            MAKE_OLMOE_FULL,
+            f"moespec plan --model {OLMOE_FULL} "
+            f"--out {RESULTS_DIR}/plans/olmoe-1b-7b-16L-bf16-avx2 --force",
+            "python benchmarks/batch_decode.py --shape olmoe-1b-7b --batch-sizes 1,2,4,8 "
+            f"--plan {RESULTS_DIR}/plans/olmoe-1b-7b-16L-bf16-avx2/plan.json "
+            "--max-k 2 --prompts 8 --prompt-length 32 --tokens 16 --rounds 1 "
+            f"--out {RESULTS_DIR}/batch_decode_olmoe-1b-7b_avx2.json --force",
+        ),
+        31,
+    ),
+    Result(  # AVX2-only host; the int8 conversion and the GGUF (14 GB) deleted at the end
+        "larger-than-memory-olmoe-1b-7b",
+        ("larger_than_memory/olmoe-1b-7b-int8.json",),
+        (
+            MAKE_OLMOE_FULL,
+            f"python benchmarks/larger_than_memory.py --source {OLMOE_FULL} "
+            f"--work-dir {CHECKPOINTS}/ltm --memory-budget 40% --hold auto --drop-caches global "
+            "--tokens 48 --rounds 2 "
+            f"--out {RESULTS_DIR}/larger_than_memory/olmoe-1b-7b-int8.json --force",
+        ),
+        26,
     ),
     Result(
         "serve-batch",
