@@ -369,6 +369,9 @@ def moespec_run(job: dict) -> dict:
     available = mem_available()
     model, _ = load_model(job["model"], pack_experts=False)
     model.native = False  # the eager pass in every arm: the offloaded passes run it
+    # as `moespec generate` decodes: each verify row with its one-token bits, so speculative
+    # greedy tokens are the plain ones (off, int8 products of several rows took other bits)
+    model.batch_invariant = True
     prompt, k = job["prompt"], job["draft_length"] if job["draft"] else 0
     engine = executor = None
     if job["policy"] is not None:

@@ -58,7 +58,9 @@ def tokens_of(records):
 
 
 def load(directory):
-    return load_model(directory, pack_experts=False)[0]
+    model = load_model(directory, pack_experts=False)[0]
+    model.batch_invariant = True  # as `moespec generate` decodes: verify rows = one-token rows
+    return model
 
 
 def decode(model, engine=None, *, reference=None):
@@ -86,7 +88,12 @@ def disk_engine(model, policy: str, draft_length: int = 0, share: float = 1 / 3)
 
 @pytest.mark.parametrize(
     "weights, policy, draft_length",
-    [("fp32", "lru-ar", 0), ("fp32", "spac", DRAFT_LENGTH), ("int8", "lru", DRAFT_LENGTH)],
+    [
+        ("fp32", "lru-ar", 0),
+        ("fp32", "spac", DRAFT_LENGTH),
+        ("bf16", "spac", DRAFT_LENGTH),
+        ("int8", "lru", DRAFT_LENGTH),
+    ],
 )
 def test_experts_read_from_disk_decode_the_in_memory_greedy_tokens(
     converted, weights, policy, draft_length

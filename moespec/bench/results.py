@@ -125,6 +125,19 @@ RESULTS = [
         ),
         12,
     ),
+    Result(  # AVX2-only host: the plan's arm (`generate --plan`) beside auto and the fixed
+        "real-draft-demo-avx2",
+        ("real_draft_demo_avx2.json", "real_draft_demo_avx2.png"),
+        (
+            f"moespec plan --draft moespec/demo/draft --out {RESULTS_DIR}/plans/demo-bf16-avx2 "
+            "--force",
+            f"python benchmarks/real_draft_eval.py --plan {RESULTS_DIR}/plans/demo-bf16-avx2/"
+            "plan.json --quoting 8 --repeats 5 "
+            f"--out {RESULTS_DIR}/real_draft_demo_avx2.json "
+            f"--plot {RESULTS_DIR}/real_draft_demo_avx2.png --force",
+        ),
+        11,
+    ),
     Result(
         "native-pass",
         ("native_pass_demo_threads1.json", "native_pass_demo_threads2.json"),
