@@ -15,13 +15,13 @@ auto:DIR` runs it: starting from the measurements its earlier runs remembered, h
 previous auto runs of this benchmark, as `moespec generate` remembers them between runs);
 `auto-cold` (the same from nothing, `--no-cache`); with `--plan`, `plan` (the same from
 nothing but the plan's clock: `--plan PLAN --no-cache`, its verify times, its draft's h(k)
-and its kernel switch, scored against the best fixed choice as auto is); and plain again (`plain-b`, whose ratio to
-plain is the noise floor). "Within 5% of the best fixed choice" is scored twice: against the
-arm best over all rounds (the best of some 17 noisy arms, biased upwards), and held out: the
-best arm chosen on the even rounds, auto scored against it on the odd ones. Arms run in a
-seeded random order within each round, one
-round per repeat, all in one process; every ratio is paired within a round (arm / plain of the
-same prompt and round) and summarised by its median over rounds. Results are written after every
+and its kernel switch, scored against the best fixed choice as auto is); and plain again
+(`plain-b`, whose ratio to plain is the noise floor). "Within 5% of the best fixed choice"
+is scored twice: against the arm best over all rounds (the best of some 17 noisy arms,
+biased upwards), and held out: the best arm chosen on the even rounds, auto scored against
+it on the odd ones. Arms run in a seeded random order within each round, one round per
+repeat, all in one process; every ratio is paired within a round (arm / plain of the same
+prompt and round) and summarised by its median over rounds. Results are written after every
 round, so an interrupted run keeps the rounds it finished.
 """
 

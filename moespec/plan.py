@@ -406,7 +406,7 @@ def load_plan(path, config=None, *, model=None) -> Plan:
         if reason is not None:
             raise PlanMismatch(
                 f"{path} was timed for {reason}: its times are another clock's; make a plan "
-                "here (moespec plan --model MODEL --force)"
+                "here with `moespec plan`"
             )
     return plan
 
