@@ -9,6 +9,7 @@ import torch
 from moespec.calibrate.bench import BenchSettings, ExpertOpBenchmark, load_raw
 from moespec.calibrate.plan import make_plan
 from moespec.calibrate.predict import Prediction, outside_growth, verify_times
+from moespec.calibrate.texts import TRACE_TOKENS
 from moespec.cli import main
 from moespec.kernels import ExpertWeights
 from moespec.plan import load_plan
@@ -149,6 +150,13 @@ def test_plan_writes_a_complete_plan_and_report(plan_dir):
     assert set(plan.predictions) == {"prediction", "measured_time", "calibrated"}
     assert plan.fits["slot"].passes > 0 and plan.bandwidth_error >= 0
     assert plan.provenance.device == "cpu" and plan.provenance.settings["depth"] == 32
+    # routing recorded on the corpus's documents' first TRACE_TOKENS / 24 tokens each
+    assert plan.provenance.settings["trace_tokens"] == TRACE_TOKENS
+    assert plan.routing.documents > 8 and plan.routing.tokens <= TRACE_TOKENS
+    stages = plan.provenance.settings["stage_seconds"]  # where the plan's time went
+    assert list(stages) == ["load", "routing", "bench", "verify", "draft", "predict"]
+    assert all(seconds >= 0 for seconds in stages.values())
+    assert sum(stages.values()) <= plan.seconds
     assert plan.bench.settings["batch_invariant"] is True  # timed as `generate` verifies
     assert plan.provenance.cpu_capability == torch.backends.cpu.get_cpu_capability()
     weights = plan.weights  # formats and product paths; the CPU is the provenance's

@@ -132,3 +132,12 @@ def test_missing_and_binary_corpus_files_are_refused(tmp_path):
     binary.write_bytes(b"\xff\xfe\x00")
     with pytest.raises(ValueError, match="blob.txt: not UTF-8 text"):
         list(read_corpus([binary]))
+
+
+def test_per_document_cuts_every_document_to_its_first_tokens(checkpoint_dir):
+    _, tokenizer = load_model(checkpoint_dir("olmoe")[0], dtype="fp32")
+    documents = [Document("a", "w1 w2 w3 w4"), Document("b", "w5 w6"), Document("c", "w7")]
+    taken = tokenize_documents(tokenizer, documents, per_document=3)
+    whole = tokenize_documents(tokenizer, documents)
+    assert [(name, ids) for name, ids in taken] == [(name, ids[:3]) for name, ids in whole]
+    assert [len(ids) for _, ids in taken] == [3, 2, 1]

@@ -101,7 +101,14 @@ class InProcessCalibration:
         self.model, self.shares, self.verify_repeats = model, shares, verify_repeats
         self.per_layer = plan.fits_per_layer
         layers = list(plan.bench.layers)
-        self.trace = routing_trace(model, tokenizer, None, plan.model_dir, progress or _quiet())
+        self.trace = routing_trace(  # as the plan recorded it (a plan before the cap: all)
+            model,
+            tokenizer,
+            None,
+            plan.model_dir,
+            progress or _quiet(),
+            plan.provenance.settings.get("trace_tokens"),
+        )
         windows = windows_by_layer(
             self.trace,
             layers,

@@ -32,7 +32,12 @@ from moespec.calibrate.predict import (
     times_from_measurements,
     verify_times,
 )
-from moespec.calibrate.texts import stdlib_documents, verify_documents, verify_text
+from moespec.calibrate.texts import (
+    TRACE_TOKENS,
+    stdlib_documents,
+    verify_documents,
+    verify_text,
+)
 from moespec.calibrate.timing import FLUSH_BYTES, last_level_cache_bytes, read_bandwidth
 from moespec.calibrate.verify import (
     STREAM_PASSES,
@@ -83,6 +88,19 @@ __all__ = [
     "verify_documents",
     "verify_text",
 ]
+
+
+class Stages:
+    """Seconds per stage of a plan's chain, in the order done (the plan's provenance)."""
+
+    def __init__(self):
+        self.seconds: dict[str, float] = {}
+        self._last = time.perf_counter()
+
+    def done(self, stage: str) -> None:
+        now = time.perf_counter()
+        self.seconds[stage] = round(now - self._last, 3)
+        self._last = now
 
 
 def model_signature(config) -> dict:
@@ -242,19 +260,24 @@ def plan_chain(
     verify_repeats: int = 10,
     per_layer_fits: bool = True,
     batch_sizes: tuple[int, ...] = BATCH_SIZES,
+    trace_tokens: int | None = TRACE_TOKENS,
     force: bool = False,
     progress: Progress,
 ) -> Plan:
     """The chain of make_plan, in an existing out_dir: load the model, take its routing,
     benchmark and fit the expert operation, time whole-model passes and the draft, predict
-    in three versions, choose one, write the plan."""
+    in three versions, choose one, write the plan. trace_tokens: tokens of routing recorded
+    on the embedded corpus without a trace, spread evenly over its documents (None: all)."""
     started = time.perf_counter()
+    stages = Stages()
     settings = settings or BenchSettings()
     plan_path = out_dir / "plan.json"
     refuse_existing(plan_path, force)
     model, tokenizer, layers = load_target(model_dir, dtype, weights, bench_layers, progress)
     settings = engine_cache_state(settings, model)
-    trace = routing_trace(model, tokenizer, trace_path, model_dir, progress)
+    stages.done("load")
+    trace = routing_trace(model, tokenizer, trace_path, model_dir, progress, trace_tokens)
+    stages.done("routing")
     text = verify_text(tokenizer)
     windows_ids = windows_by_layer(trace, layers, settings.pass_sizes, windows, settings.seed)
     header = {
@@ -276,6 +299,7 @@ def plan_chain(
         # the expert operation the engine runs: the native pass's where it takes the model
         native=model.native_step() is not None,
     )
+    stages.done("bench")
     max_n = max(settings.pass_sizes)
     routing = trace_routing(trace, max_n)
     model.batch_invariant = settings.batch_invariant  # the whole-model passes alike
@@ -291,12 +315,15 @@ def plan_chain(
         passes=STREAM_PASSES,
     )
     whole_times = {k: np.array(verify_table(whole, k, max_n)) for k in measured.kernels}
+    stages.done("verify")
     draft_time = draft_times(draft_dir, tokenizer, dtype, text, depth, max_n, progress)
+    stages.done("draft")
     versions, chain = prediction_versions(model, routing, measured, whole_times, draft_time, max_n)
     chosen_name, chosen = choose_version(versions, measured, whole_times, draft_time)
     batch = batch_table(
         model, trace, measured, float(whole_times["slot"][0]), chain, chosen, batch_sizes, max_n
     )
+    stages.done("predict")
     plan = Plan(
         model=ModelSignature.of(model.config),
         model_dir=describe(model_dir),
@@ -306,10 +333,12 @@ def plan_chain(
             next(iter(experts.values())),
             {
                 "trace": describe(trace_path) if trace_path else None,
+                "trace_tokens": None if trace_path else trace_tokens,  # None: all
                 "depth": depth,
                 "verify_repeats": verify_repeats,
                 "verify_mode": "stream",
                 "stream_passes": STREAM_PASSES,
+                "stage_seconds": stages.seconds,  # where the plan's time went
             },
         ),
         bench=bench_run(settings, layers, windows),
@@ -403,9 +432,12 @@ def load_target(model_dir, dtype: str, weights: str | None, bench_layers, progre
     return model, tokenizer, layers
 
 
-def routing_trace(model, tokenizer, trace_path, model_dir, progress: Progress) -> RoutingTrace:
+def routing_trace(
+    model, tokenizer, trace_path, model_dir, progress: Progress, trace_tokens=TRACE_TOKENS
+) -> RoutingTrace:
     """The model's routing: the given trace (checked to be this model's), else recorded on
-    the embedded corpus; refused when degenerate."""
+    the embedded corpus (`trace_tokens` of it, spread evenly over its documents; None: all
+    of it); refused when degenerate."""
     from moespec.routing.record import record_trace
 
     if trace_path is not None:
@@ -418,7 +450,11 @@ def routing_trace(model, tokenizer, trace_path, model_dir, progress: Progress) -
     else:
         # the embedded corpus's longer files are cut to the model's context
         progress.start("recording routing on the embedded corpus")
-        trace = record_trace(model, tokenizer, stdlib_documents(), truncate="right")
+        documents = list(stdlib_documents())
+        per_document = None if trace_tokens is None else max(1, trace_tokens // len(documents))
+        trace = record_trace(
+            model, tokenizer, documents, per_document=per_document, truncate="right"
+        )
     check_not_degenerate(trace, str(trace_path or model_dir))
     return trace
 

@@ -5,7 +5,11 @@ never share a document (`moespec.routing.reuse.document_part`)."""
 
 import itertools
 
-from moespec.routing.reuse import document_part
+# Routing a plan records on the embedded corpus: its documents' first TRACE_TOKENS / 24 tokens
+# each. At full size recording is a forward pass per token, the plan's largest stage; what the
+# plan reads of it (U(n), rho, windows of up to 9 tokens, B windows of B documents) needs
+# documents, not long ones.
+TRACE_TOKENS = 8192
 
 
 def stdlib_documents(count: int = 24, max_chars: int = 6000):
@@ -20,6 +24,7 @@ def verify_documents(count: int = 4, max_chars: int = 20000):
     """Held-out files of the test part for whole-model verify times: never in the fit part
     that U(n) and the benchmark windows come from."""
     from moespec.demo.corpus import held_out_documents
+    from moespec.routing.reuse import document_part
 
     documents = (
         d for d in held_out_documents(max_chars=max_chars) if document_part(d.name) == "test"
@@ -31,6 +36,7 @@ def fit_documents(count: int, max_chars: int = 20000):
     """Held-out files of the fit part (those U(n) and the benchmark windows come from): never
     in the test part that evaluations score on."""
     from moespec.demo.corpus import held_out_documents
+    from moespec.routing.reuse import document_part
 
     documents = (
         d for d in held_out_documents(max_chars=max_chars) if document_part(d.name) == "fit"

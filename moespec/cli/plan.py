@@ -55,6 +55,8 @@ DRAFTERS = ("lookup", "model")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
+    from moespec.calibrate.texts import TRACE_TOKENS
+
     source = parser.add_mutually_exclusive_group()
     source.add_argument(
         "--model", metavar="DIR", type=checkpoint_dir, help="checkpoint (default: the demo model)"
@@ -96,6 +98,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         " them warm)",
     )
     parser.add_argument("--verify-repeats", type=positive_int, default=10)
+    parser.add_argument(
+        "--trace-tokens",
+        type=non_negative_int,
+        default=TRACE_TOKENS,
+        help=f"without --trace: tokens of routing to record on the embedded corpus, spread "
+        f"over its documents (default {TRACE_TOKENS}; 0: all of it)",
+    )
     parser.add_argument(
         "--batch-sizes",
         type=batch_sizes,
@@ -223,6 +232,7 @@ def run(args: argparse.Namespace) -> int:
             verify_repeats=args.verify_repeats,
             per_layer_fits=not args.pooled_fits,
             batch_sizes=args.batch_sizes,
+            trace_tokens=args.trace_tokens or None,
             force=args.force,
             progress=not args.json,
         )

@@ -55,15 +55,22 @@ class RoutingRecorder:
 
 
 def tokenize_documents(
-    tokenizer, documents: Iterable[Document], *, max_tokens: int | None = None
+    tokenizer,
+    documents: Iterable[Document],
+    *,
+    max_tokens: int | None = None,
+    per_document: int | None = None,
 ) -> list[tuple[str, list[int]]]:
     """(name, token ids) per document, skipping documents with no tokens. With max_tokens,
-    stop once that many tokens are taken; the last document is cut to fit."""
+    stop once that many tokens are taken; the last document is cut to fit. With
+    per_document, each document is cut to its first that many tokens."""
     if max_tokens is not None and max_tokens < 1:
         raise ValueError(f"max_tokens must be >= 1, got {max_tokens}")
+    if per_document is not None and per_document < 1:
+        raise ValueError(f"per_document must be >= 1, got {per_document}")
     result, total = [], 0
     for document in documents:
-        ids = tokenizer.encode(document.text)
+        ids = tokenizer.encode(document.text)[:per_document]
         if max_tokens is not None:
             ids = ids[: max_tokens - total]
         if ids:
@@ -142,14 +149,17 @@ def record_trace(
     documents: Iterable[Document],
     *,
     max_tokens: int | None = None,
+    per_document: int | None = None,
     chunk_tokens: int = CHUNK_TOKENS,
     truncate: str = "none",
 ) -> RoutingTrace:
     """An in-memory trace of the documents (for files, stream `record_routing` into a
-    `TraceWriter` instead). truncate: what to do with a document beyond the model's
-    context (see fit_documents)."""
+    `TraceWriter` instead). max_tokens, per_document: see tokenize_documents. truncate: what
+    to do with a document beyond the model's context (see fit_documents)."""
     header = model_header(model)
-    tokenized = tokenize_documents(tokenizer, documents, max_tokens=max_tokens)
+    tokenized = tokenize_documents(
+        tokenizer, documents, max_tokens=max_tokens, per_document=per_document
+    )
     recorded = list(
         record_routing(
             model,
