@@ -26,6 +26,7 @@ round, so an interrupted run keeps the rounds it finished.
 """
 
 import argparse
+import json
 import random
 import statistics
 import sys
@@ -249,9 +250,33 @@ def summarise(prompts, arms, rounds) -> dict:
             / len(per_prompt),
             "share_of_prompts_where_auto_beats_plain": sum(a > 1 for a in auto) / len(auto),
             "noise_floor_plain_b_over_plain": [min(noise), statistics.median(noise), max(noise)],
+            "held_out_noise_ceiling": held_out_noise_ceiling(per_prompt),
             **(plan_scores(per_prompt) if "plan" in arms else {}),
         },
     }
+
+
+def held_out_noise_ceiling(per_prompt) -> float | None:
+    """The share of prompts on which plain-b, the very arm plain is, comes within 5% of plain
+    on the scoring (odd) rounds: what an arm making the held-out pick's own choice would
+    score against it at this many rounds, the ceiling of the held-out "within 5%" scores."""
+    ratios = []
+    for p in per_prompt:
+        tps = p["tokens_per_second_by_round"]
+        scoring = list(zip(tps["plain-b"][1::2], tps["plain"][1::2], strict=True))
+        if not scoring:
+            return None
+        ratios.append(statistics.median(again / first for again, first in scoring))
+    return sum(r >= WITHIN for r in ratios) / len(ratios)
+
+
+def rescore(path: Path) -> dict:
+    """The result at `path` with the scores computed from its stored rounds added (those
+    added since it was run); written in place."""
+    result = json.loads(path.read_text())
+    result["scores"]["held_out_noise_ceiling"] = held_out_noise_ceiling(result["prompts"])
+    write_json(path, result, force=True)
+    return result["scores"]
 
 
 def plan_scores(per_prompt) -> dict:
@@ -320,10 +345,18 @@ def main(argv=None) -> int:
     parser.add_argument(
         "--plan", help="a plan of the target made with --draft: adds its arm (auto on the plan)"
     )
-    parser.add_argument("--out", required=True)
+    parser.add_argument("--out")
     parser.add_argument("--plot")
     parser.add_argument("--force", action="store_true")
+    parser.add_argument(
+        "--rescore", metavar="FILE", help="add the newer scores to a result from its rounds"
+    )
     args = parser.parse_args(argv)
+    if args.rescore:
+        print(rescore(Path(args.rescore)))
+        return 0
+    if not args.out:
+        parser.error("--out FILE is required (or --rescore FILE)")
     for path in filter(None, (args.out, args.plot)):
         check_writable(path, force=args.force)
     if args.threads:
