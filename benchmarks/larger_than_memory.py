@@ -42,6 +42,16 @@ once, in an order turned by one place each round; per arm the JSON holds the med
 the range of tokens/s, with hit rate, bytes read per token, stall per token, the disk read
 rate during decode beside the probe, peak RSS, and whether the tokens are the reference's;
 `targets` scores issue 53's. Bad input is one line and exit status 2.
+
+Traces (`--save-traces`, on by default): beside the JSON, in FILE's stem + ".traces/", each
+arm's routing as moespec routing traces (Parquet; `moespec.routing.store`), so that the
+simulator can replay the runs (benchmarks/simulate_disk_tier.py): per moespec arm and routing
+source, ARM.SOURCE.parquet holds the expert ids of the sequence's positions (the prompt, then
+each emitted token's), its metadata the fit split (the prompt's tokens), the draft length and
+the accepted drafts of every step of the median run; a speculative arm's
+ARM.SOURCE.rejected.parquet holds, at each position, the routing a rejected draft got there
+(the position's own elsewhere). The replay source's positions are its trace's
+(replay.parquet): the routers' own choices are not what ran.
 """
 
 import argparse
@@ -383,6 +393,9 @@ def moespec_run(job: dict) -> dict:
         layers = sorted(model.moe_blocks)
         executor = RoutingReplay(ids, layers, engine, experts=None if engine else model)
     extra = {}
+    recorder = PassRecorder(sorted(model.moe_blocks)) if job.get("record_routing") else None
+    if recorder is not None:
+        extra["routing_sink"] = recorder
     if k:
         drafter = OracleDrafter(
             job["reference"], len(prompt), job["acceptance"], model.config.vocab_size,
@@ -418,7 +431,11 @@ def moespec_run(job: dict) -> dict:
         "mean_accepted_per_step": s["mean_accepted_per_step"],
         "mem_available_at_start": available,
         **{f"decode_{name}": io_after[name] - io_before[name] for name in io_after},
+        "accepted_per_step": [r.accepted for r in decode],
     }
+    if recorder is not None:
+        ids, rejected = recorder.positions(len(prompt), [(r.n_tokens, r.accepted) for r in decode])
+        result["routing"] = {"expert_ids": ids.tolist(), "rejected": rejected.tolist()}
     if engine is not None:
         needed = sum(r.hits + r.misses for r in decode)
         delta = {k: after[k] - before[k] for k in ("disk_bytes_read", "read_seconds")}
@@ -434,6 +451,36 @@ def moespec_run(job: dict) -> dict:
             cpu_experts=sum(r.cpu_experts for r in decode),
         )
     return result
+
+
+class PassRecorder:
+    """A routing sink keeping every pass's expert ids per MoE layer, in call order;
+    `positions` turns them into the sequence's routing."""
+
+    def __init__(self, layer_indices):
+        self.rows = {layer: [] for layer in layer_indices}
+
+    def __call__(self, layer: int, expert_ids, expert_weights) -> None:
+        self.rows[layer].append(expert_ids.detach().cpu().numpy().astype(np.int16))
+
+    def positions(self, prompt_tokens: int, passes) -> tuple[np.ndarray, np.ndarray]:
+        """(ids [T, L, m] of the prompt's and the emitted tokens' positions, rejected [T, L, m]:
+        the routing of the rejected draft verified last at each position, else the
+        position's own) from the decode passes' (n_tokens, accepted)."""
+        rows = np.stack([np.concatenate(r) for r in self.rows.values()], axis=1)  # [R, L, m]
+        kept, rejected = [rows[:prompt_tokens]], {}
+        row, position = prompt_tokens, prompt_tokens
+        for n, accepted in passes:
+            kept.append(rows[row : row + accepted + 1])
+            for i in range(accepted + 1, n):  # verified after the first rejected draft
+                rejected[position + i] = rows[row + i]
+            row, position = row + n, position + accepted + 1
+        ids = np.concatenate(kept)
+        wrong = ids.copy()
+        for p, value in rejected.items():
+            if p < len(wrong):
+                wrong[p] = value
+        return ids, wrong
 
 
 def llamacpp_run(job: dict) -> dict:
@@ -566,6 +613,7 @@ def run(args) -> int:
             **common, "prompt": facts["prompt"], "tokens": args.tokens, "budget": budget,
             "kernel": args.kernel, "draft_length": args.draft_length,
             "acceptance": args.acceptance, "seed": args.seed, "gguf": str(gguf) if gguf else None,
+            "record_routing": args.save_traces,
         }  # fmt: skip
 
         def job(arm: dict, source: str, reference=None) -> dict:
@@ -615,7 +663,15 @@ def run(args) -> int:
                 run = measured(arm, source, references[source] if arm["draft"] else None)
                 runs.setdefault(key, []).append(run)
         holder.stop()
+        routings = {
+            key: [r.pop("routing", None) for r in arm_runs] for key, arm_runs in runs.items()
+        }
+        for run in reference_runs.values():
+            run.pop("routing", None)
         results = summarize_runs(runs, references, facts, budget, bandwidth, memory_arm)
+        if args.save_traces:
+            traces = save_traces(args.out, runs, routings, facts, args, replays)
+            print(f"wrote {len(traces)} routing traces beside it", file=sys.stderr)
         for source, run in reference_runs.items():
             results[f"reference|{source}"] = {
                 **arm_row(run, references[source], facts, budget, bandwidth),
@@ -699,6 +755,58 @@ def run(args) -> int:
         if built and not args.keep:
             for path in built:
                 shutil.rmtree(path, ignore_errors=True) if path.is_dir() else path.unlink(True)
+
+
+def traces_dir(out: Path) -> Path:
+    """Where the routing traces of result `out` go: FILE's stem + ".traces/" beside it."""
+    return out.parent / f"{out.stem}.traces"
+
+
+def save_traces(out: Path, runs: dict, routings: dict, facts: dict, args, replays) -> list:
+    """Write each arm's routing (its median run's, as `summarize_runs` picks it) as routing
+    traces (see the module docstring); the paths written."""
+    from moespec.routing import RoutingTrace
+    from moespec.routing.store import write_trace
+
+    folder = traces_dir(Path(out))
+    folder.mkdir(parents=True, exist_ok=True)
+    layers, experts = facts["layer_indices"], facts["num_experts"]
+    prompt = len(facts["prompt"])
+
+    def trace(ids, name: str, **metadata) -> RoutingTrace:
+        ids = np.asarray(ids, dtype=np.int64)
+        return RoutingTrace(
+            ids, [0, len(ids)], [name], experts, [facts["expert_slot_bytes"]] * len(layers),
+            list(layers), metadata={"fit_tokens": prompt, **metadata},
+        )  # fmt: skip
+
+    written, replay = [], None
+    if replays.get("replay") is not None:
+        replay = np.load(replays["replay"])
+        path = folder / "replay.parquet"
+        write_trace(trace(replay, "replay"), path, force=True)
+        written.append(path)
+    for key, arm_runs in runs.items():
+        name, source = key.split("|")
+        middle = sorted(range(len(arm_runs)), key=lambda i: arm_runs[i]["tokens_per_second"])
+        i = middle[len(arm_runs) // 2]
+        run, routing = arm_runs[i], routings[key][i]
+        if routing is None:  # llama.cpp: not recorded
+            continue
+        draft = args.draft_length if name.endswith("+draft") else 0
+        meta = {"arm": name, "routing": source, "draft_length": draft,
+                "accepted_per_step": run["accepted_per_step"], "seed": args.seed}  # fmt: skip
+        ids, wrong = routing["expert_ids"], routing["rejected"]
+        if source == "replay":  # the routers' choices did not run: the replay's ids did (a
+            ids = wrong = replay[: len(ids)]  # wrong draft too is routed as its position's)
+        path = folder / f"{name}.{source}.parquet"
+        write_trace(trace(ids, key, **meta), path, force=True)
+        written.append(path)
+        if draft:
+            rejected = folder / f"{name}.{source}.rejected.parquet"
+            write_trace(trace(wrong, key + " rejected", **meta), rejected, force=True)
+            written.append(rejected)
+    return written
 
 
 def swap_total() -> int:
@@ -905,6 +1013,12 @@ def parse_args(argv=None):
     parser.add_argument("--probe-seconds", type=float, default=2.0)
     parser.add_argument("--arm-timeout", type=float, default=1800.0)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument(
+        "--save-traces",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="each arm's routing beside the JSON (for benchmarks/simulate_disk_tier.py)",
+    )
     parser.add_argument("--force", action="store_true")
     parser.add_argument("--worker", help=argparse.SUPPRESS)
     parser.add_argument("--holder", type=int, help=argparse.SUPPRESS)

@@ -249,6 +249,16 @@ RESULTS = [
         ),
         26,
     ),
+    Result(  # the engine's costs are timed here: on a quiet host (a loaded one is refused)
+        "disk-tier-simulation-olmoe-1b-7b",
+        ("offload_simulation/disk_tier_olmoe-1b-7b-int8.json",),
+        (
+            "python benchmarks/simulate_disk_tier.py "
+            f"--measured {RESULTS_DIR}/larger_than_memory/olmoe-1b-7b-int8.json "
+            f"--out {RESULTS_DIR}/offload_simulation/disk_tier_olmoe-1b-7b-int8.json --force",
+        ),
+        2,
+    ),
     Result(
         "serve-batch",
         ("serve_batch_demo.json",),

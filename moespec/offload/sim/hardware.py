@@ -10,6 +10,7 @@ A profile is what the timing model of `moespec.offload.sim.simulator` needs and 
                                           drafted token (launches, synchronisation, LM head)
     layer_token_time                      per layer and pass token beyond the first
     tier_overlap, decisions_on_clock      one processor for both tiers (this machine)
+    hidden_link, link_cpu_share, await_all_copies   a disk tier's engine (`sim.disk_tier`)
     offload_layer_time, _split_time       the offload engine's bookkeeping per layer pass
 
 Bandwidths are *effective* figures (what a copy or an expert kernel reaches), not datasheet
@@ -60,20 +61,30 @@ class HardwareProfile:
     # back): measured on this machine; 0 where a preset's layer_time holds it
     offload_split_time: float = 0.0  # s more where a layer's experts run on both tiers (the
     # gathers of each tier's rows and the scatter of their results)
+    # How a disk tier's engine differs (False, 1, False on every other profile): whether the
+    # CPU tier's hidden states cross the link (not where it is the processor that computes),
+    # the share of a copy's time that occupies that processor (a disk read's checksum; 1:
+    # the copy is the processor's own work, as a memory copy on `this-machine`), and whether
+    # the accelerator's kernel starts only once every copy it waits for has arrived (one
+    # kernel call per layer, as the CPU engine makes it) rather than expert by expert.
+    hidden_link: bool = True
+    link_cpu_share: float = 1.0
+    await_all_copies: bool = False
     sources: tuple = ()  # (field, where its number comes from) pairs
 
     def __post_init__(self):
         for f in fields(self):
             value = getattr(self, f.name)
-            if f.name in ("name", "note", "sources", "decisions_on_clock"):
+            if f.name in ("name", "note", "sources") or f.type in (bool, "bool"):
                 continue
             if not isinstance(value, int | float) or value < 0:
                 raise ValueError(f"profile {self.name!r}: {f.name} must be a number >= 0")
         for name in ("link_bandwidth", "accelerator_bandwidth", "cpu_bandwidth"):
             if getattr(self, name) <= 0:
                 raise ValueError(f"profile {self.name!r}: {name} must be positive")
-        if self.tier_overlap > 1:
-            raise ValueError(f"profile {self.name!r}: tier_overlap must be in [0, 1]")
+        for name in ("tier_overlap", "link_cpu_share"):
+            if getattr(self, name) > 1:
+                raise ValueError(f"profile {self.name!r}: {name} must be in [0, 1]")
         if 0 < self.host_memory_bandwidth <= self.link_bandwidth:
             raise ValueError(
                 f"profile {self.name!r}: link_bandwidth ({self.link_bandwidth:.3g} B/s) must be "

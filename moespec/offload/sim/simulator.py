@@ -50,12 +50,17 @@ the policy's queue yields them, each starting when the link is free (prefetches 
 draft and earlier layers; a copy holds its cache bytes from its start). Then, in parallel:
 
     accelerator  G_l = r_l + kappa + sum of a_l over experts arrived by r_l, then for each awaited
-                 expert in order of arrival: G_l = max(G_l, arrival) + a_l(c)
+                 expert in order of arrival: G_l = max(G_l, arrival) + a_l(c); with the
+                 profile's await_all_copies (a CPU engine's one kernel call per layer), G_l =
+                 max(r_l + C_l, last arrival) + kappa + the sum of a_l over all its experts,
+                 the CPU tier first (the tiers' turns then in sequence: no min(...) term)
     CPU          C_l = r_l + kappa + z + sum of g_l over the CPU experts, stretched by contention
     layer end    t_{l+1} = max(G_l, C_l) + epsilon + (1 - o) (min(G_l - r_l, C_l - r_l) + X_l)
                  (o: the profile's tier overlap, 1 for two devices; below 1 where one
                  processor computes both tiers and makes the copies, as on `this-machine`;
-                 X_l: the link's busy time in the layer that the accelerator did not wait for)
+                 X_l: the link's busy time in the layer that the accelerator did not wait
+                 for, times the profile's link_cpu_share: the part of a copy that occupies the
+                 processor; z is 0 where the profile's hidden_link is off)
 
 Host-memory contention (profile's B_host > 0): the CPU's expert reads and the copy engine share
 host memory. While the link copies, the CPU reads weights at min(B_cpu, B_host - B_link): the
@@ -207,10 +212,14 @@ class _Costs:
         self.link_latency, self.link_bandwidth = p.link_latency, p.link_bandwidth
         self.tier_overlap, self.decisions_on_clock = p.tier_overlap, p.decisions_on_clock
         self.hidden_bytes_per_token = 2 * s.hidden_size
+        self.hidden_link, self.link_cpu_share = p.hidden_link, p.link_cpu_share
+        self.await_all_copies = p.await_all_copies
         draft_bytes = s.draft_bytes_ratio * trace.num_experts * w.sum()
         self.draft_token = p.draft_token_time + draft_bytes / p.accelerator_bandwidth
 
     def hidden_round_trip(self, n_tokens: int) -> float:
+        if not self.hidden_link:
+            return 0.0
         return 2 * (
             self.link_latency + n_tokens * self.hidden_bytes_per_token / self.link_bandwidth
         )
@@ -405,10 +414,6 @@ class _Run:
         placed = self.driver.plan(layer, experts, counts, now, link.fetch)
         now += self._decision_time(decided)
         accelerator, cpu = placed.accelerator, placed.cpu
-        acc_busy, acc_end = self._accelerator_time(layer, accelerator, row, now)
-        called = costs.kernel_call if len(accelerator) else 0.0
-        waited = max(acc_end - now - acc_busy - called, 0.0)  # the accelerator idle for arrivals
-        self.driver.stats.copy_wait_seconds += waited
         cpu_busy = 0.0
         if len(cpu):
             cpu_busy = (
@@ -421,6 +426,14 @@ class _Run:
                 link.advance(now + cpu_busy)  # the copies that share host memory with it
                 overlap = min(link.busy_within(now, now + cpu_busy) / cpu_busy, 1.0)
                 cpu_busy += len(cpu) * costs.cpu_read[layer] * overlap * (costs.cpu_slowdown - 1)
+        # await_all_copies: the CPU engine's order, its CPU tier inline, then the accelerator's
+        # one call (so the tiers' turns are already in sequence); else the tiers in parallel
+        serial = costs.await_all_copies
+        acc_start = now + cpu_busy if serial else now
+        acc_busy, acc_end = self._accelerator_time(layer, accelerator, row, acc_start)
+        called = costs.kernel_call if len(accelerator) else 0.0
+        waited = max(acc_end - acc_start - acc_busy - called, 0.0)  # idle for arrivals
+        self.driver.stats.copy_wait_seconds += waited
         end = max(acc_end, now + cpu_busy) + costs.bookkeeping
         if len(cpu) and len(accelerator):
             end += costs.split
@@ -428,7 +441,8 @@ class _Run:
             shared = 1.0 - costs.tier_overlap
             link.advance(end)
             copying = max(link.busy_within(now, end) - waited, 0.0)  # copies beside compute
-            end += shared * (min(acc_end - now, cpu_busy) + copying)
+            turns = 0.0 if serial else min(acc_end - now, cpu_busy)
+            end += shared * (turns + costs.link_cpu_share * copying)
         link.advance(end)  # copies that start while the layer computes
         if self.log is not None:
             self.log["layers"].append(
@@ -471,6 +485,9 @@ class _Run:
         arrival = self.cache.ready_at[layer, accelerator]
         waiting = arrival > now
         end = now + per_expert[~waiting].sum() + (costs.kernel_call if len(accelerator) else 0.0)
+        if costs.await_all_copies and waiting.any():  # one kernel call, after the last copy
+            last = float(arrival[waiting].max())
+            return float(per_expert.sum()), max(now, last) + costs.kernel_call + per_expert.sum()
         order = np.argsort(arrival[waiting], kind="stable")
         for a, t in zip(arrival[waiting][order], per_expert[waiting][order], strict=True):
             end = max(end, a) + t

@@ -1,0 +1,310 @@
+"""Benchmark: the simulator against the measured disk tier (issue 53, part 4).
+
+    python benchmarks/simulate_disk_tier.py --measured RESULT.json [--traces DIR] --out OUT.json
+        [--costs COSTS.json] [--kernel-threads N] [--repeats 3] [--tolerance 0.2]
+
+RESULT.json is a benchmarks/larger_than_memory.py result. The disk profile is fitted
+(`moespec.offload.sim.disk_tier.DiskProfileFit`) from what was measured apart from the
+offloaded arms' tokens/s: the result's direct-read probe, its in-memory arm's time per token
+(the same routing source), and the engine's own costs timed here (`measure_engine_costs`: its
+kernel per expert slot, a call's fixed time, an expert's crc32), or read from --costs (this
+script's own output, to refit without timing again). Every disk arm is then simulated with
+the measured run's settings: the model's shapes, its expert slots, the policy, the draft
+length and accepted drafts of every step, the prompt as the fit split, and the same routing:
+
+    replay   the result's synthetic trace, rebuilt from its settings (seed, rho(2), skew) by
+             the benchmark's own function and checked against the rho(2) it recorded (or
+             read from DIR/replay.parquet); a wrong draft is routed as its position's token
+    model    DIR/ARM.model.parquet (and .rejected.parquet), saved by the benchmark since
+             --save-traces; without them the arm is reported as not yet comparable
+
+Accepted drafts: the trace's metadata, else rebuilt from the oracle's positional flags (seed,
+acceptance: the drafter's own draws) and checked against the measured steps and mean.
+Each arm is simulated --repeats times (the policy's decisions are timed on the clock) and the
+median taken. Per arm: measured and simulated tokens/s, their ratio, hit rates, bytes read per
+token, CPU experts per token, and pass or fail against +-tolerance; the calibration passes
+when every compared arm does. The GPU profiles (seed 003's setting) are simulated only then.
+"""
+
+import argparse
+import importlib.util
+import json
+import sys
+from pathlib import Path
+
+import numpy as np
+
+HERE = Path(__file__).resolve().parent
+
+
+def load_benchmark():
+    """benchmarks/larger_than_memory.py as a module (its replay trace and trace folder)."""
+    spec = importlib.util.spec_from_file_location(
+        "larger_than_memory", HERE / "larger_than_memory.py"
+    )
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def oracle_accepted(seed: int, acceptance: float, reference_tokens: int, k: int) -> list[int]:
+    """The accepted drafts of each step of the oracle drafter with positional flags (its own
+    draws: torch.rand of the reference's length from the seed), as generate caps the draft
+    at the tokens left."""
+    import torch
+
+    flags = torch.rand(reference_tokens, generator=torch.Generator().manual_seed(seed)).tolist()
+    emitted, steps = 1, []  # the prefill emits the first token
+    while emitted < reference_tokens:
+        draft = min(k, reference_tokens - emitted - 1)
+        accepted = 0
+        while accepted < draft and flags[emitted + accepted] < acceptance:
+            accepted += 1
+        steps.append(accepted)
+        emitted += accepted + 1
+    return steps
+
+
+def engine_costs(args, data: dict, shape) -> dict:
+    if args.costs is not None:
+        return json.loads(args.costs.read_text())["engine_costs"]
+    import torch
+
+    from moespec.offload.sim.disk_tier import measure_engine_costs
+
+    torch.set_num_threads(args.kernel_threads)
+    return measure_engine_costs(
+        shape.hidden_size,
+        shape.expert_intermediate_size,
+        data["model"]["expert_slot_bytes"],
+        kernel=data["settings"]["kernel"],
+        top_k=data["model"]["top_k"],
+    )
+
+
+def traces_for(args, data: dict, bench) -> dict:
+    """{routing source: (ids [T, L, m], rejected or None, {arm: metadata})}."""
+    from moespec.routing.store import read_trace
+
+    folder = args.traces or bench.traces_dir(args.measured)
+    out, saved = {}, {}
+    if folder.is_dir():
+        for path in sorted(folder.glob("*.parquet")):
+            saved[path.name] = read_trace(path)
+    replay = data["routing"].get("replay")
+    if replay:
+        if "replay.parquet" in saved:
+            ids = saved["replay.parquet"].expert_ids
+        else:
+            m = data["model"]
+            facts = {"num_experts": m["num_experts"], "top_k": m["top_k"],
+                     "layer_indices": m["layer_indices"]}  # fmt: skip
+            s = data["settings"]
+            ids, made = bench.replay_trace(
+                facts, replay["tokens"], s["replay_reuse2"], s["replay_skew"], replay["seed"]
+            )
+            if abs(made["trace_reuse2"] - replay["trace_reuse2"]) > 1e-9:
+                raise SystemExit(
+                    "the rebuilt replay trace is not the measured one (rho(2) differs)"
+                )
+        out["replay"] = (ids, None, {})
+    for name, trace in saved.items():
+        meta = trace.metadata
+        if meta.get("routing") != "model" or name.endswith(".rejected.parquet"):
+            continue
+        rejected = saved.get(name.replace(".parquet", ".rejected.parquet"))
+        entry = out.setdefault("model", {})
+        entry[meta["arm"]] = (trace.expert_ids, None if rejected is None else rejected.expert_ids,
+                              meta)  # fmt: skip
+    return out
+
+
+def diagnose(args, data: dict, ids, profile, k: int) -> dict:
+    """Post hoc, after the verdict and not part of it: the replay arms with one cost the
+    fitted profile leaves out, the disk shared between the link's reads and the CPU tier's
+    read-through (two pools of four threads on one disk: each gets half the probe's rate
+    while both read, `host_memory_bandwidth` = 1.5 B). Named as a candidate cause, not a fit:
+    it was chosen after seeing these arms' error, so these arms cannot validate it."""
+    from dataclasses import replace
+
+    from moespec.offload import make_policy
+    from moespec.offload.sim import disk_tier as dt
+    from moespec.offload.sim.simulator import simulate
+
+    shared = replace(profile, host_memory_bandwidth=1.5 * profile.link_bandwidth)
+    model, prompt, out = data["model"], data["prompt_tokens"], {}
+    for key, row in data["results"].items():
+        if not key.endswith("|replay") or "slots" not in row or row["memory_condition"] != "held":
+            continue
+        name = key.split("|")[0]
+        draft = name.endswith("+draft")
+        accepted = oracle_accepted(data["settings"]["seed"], data["settings"]["acceptance"],
+                                   row["decode_tokens"] + 1, k) if draft else None  # fmt: skip
+        arm = dt.MeasuredArm(key, name.removesuffix("+draft"), k if draft else 0,
+                             row["decode_tokens"], row["steps"],
+                             None if accepted is None else tuple(accepted), row)  # fmt: skip
+        trace = dt.trace_of(ids[: prompt + row["decode_tokens"] + k + 1], model["num_experts"],
+                            model["expert_slot_bytes"], model["layer_indices"])  # fmt: skip
+        settings = dt.comparable_settings(
+            arm, slots=row["slots"], num_layers=len(model["layer_indices"]),
+            num_experts=model["num_experts"], fit_tokens=prompt, seed=data["settings"]["seed"],
+        )  # fmt: skip
+        runs = sorted(
+            simulate(trace, make_policy(arm.policy).fit(trace.first_tokens(prompt)), shared,
+                     settings).tokens_per_second
+            for _ in range(args.repeats)
+        )  # fmt: skip
+        simulated = runs[len(runs) // 2]
+        out[key] = {"simulated_tokens_per_second": simulated,
+                    "ratio": simulated / row["tokens_per_second"]}  # fmt: skip
+    return {"change": "disk shared by the link and the CPU tier (host_memory_bandwidth 1.5 B)",
+            "status": "post hoc: chosen after the verdict, on the same runs; not validation",
+            "results": out}  # fmt: skip
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--measured", type=Path, required=True)
+    parser.add_argument("--traces", type=Path, help="the result's routing traces folder")
+    parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--costs", type=Path, help="engine costs from an earlier output")
+    parser.add_argument("--kernel-threads", type=int, default=1)
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--tolerance", type=float, default=0.2)
+    parser.add_argument(
+        "--diagnose",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="the replay arms again with the disk shared (post hoc, not a fit)",
+    )
+    parser.add_argument("--force", action="store_true")
+    args = parser.parse_args(argv)
+
+    from moespec.files import check_writable, write_json
+    from moespec.offload import make_policy
+    from moespec.offload.sim import disk_tier as dt
+    from moespec.offload.sim.simulator import simulate
+    from moespec.provenance import provenance
+    from moespec.routing.shapes import get_shape
+
+    check_writable(args.out, force=args.force)
+    data = json.loads(args.measured.read_text())
+    bench = load_benchmark()
+    model, settings = data["model"], data["settings"]
+    stride, layers, experts = (
+        model["expert_slot_bytes"],
+        model["layer_indices"],
+        model["num_experts"],
+    )
+    shape = get_shape(data["routing"]["replay"]["matched_shape"])
+    costs = engine_costs(args, data, shape)
+    traces = traces_for(args, data, bench)
+    prompt = data["prompt_tokens"]
+    k = data["decoding"]["draft_length"]
+    fits, rows = {}, {}
+    for key, row in data["results"].items():
+        if "slots" not in row or row.get("memory_condition") != "held":
+            continue
+        name, source = key.split("|")
+        draft = name.endswith("+draft")
+        reference = data["results"][f"reference|{source}"]
+        if source not in fits:
+            measurements = dt.DiskMeasurements(
+                probe=tuple(data["direct_read_bandwidth"]),
+                expert_bytes=stride,
+                num_layers=len(layers),
+                top_k=model["top_k"],
+                in_memory_token_seconds=reference["decode_seconds"] / reference["decode_tokens"],
+                slot_seconds=costs["slot_seconds"],
+                call_seconds=costs["call_seconds"],
+                checksum_seconds=costs["checksum_seconds"],
+                threads=settings["threads"],
+            )
+            fits[source] = dt.DiskProfileFit().fit(measurements)
+        found = traces.get(source)
+        if source == "model":
+            found = (found or {}).get(name)
+        if found is None:
+            rows[key] = {"comparable": False,
+                         "measured_tokens_per_second": row["tokens_per_second"],
+                         "why": "no saved routing trace for this arm (rerun the benchmark with "
+                                "its traces saved)"}  # fmt: skip
+            continue
+        ids, rejected, meta = found
+        accepted = meta.get("accepted_per_step")
+        if draft and accepted is None:
+            accepted = oracle_accepted(settings["seed"], settings["acceptance"],
+                                       row["decode_tokens"] + 1, k)  # fmt: skip
+            if (
+                len(accepted) != row["steps"]
+                or abs(np.mean(accepted) - row["mean_accepted_per_step"]) > 1e-9
+            ):
+                raise SystemExit(f"{key}: the rebuilt accepted drafts are not the measured steps")
+        arm = dt.MeasuredArm(key, name.removesuffix("+draft"), k if draft else 0,
+                             row["decode_tokens"], row["steps"],
+                             tuple(accepted) if draft else None, row)  # fmt: skip
+        trace = dt.trace_of(ids[: prompt + row["decode_tokens"] + (k if draft else 0) + 1],
+                            experts, stride, layers)  # fmt: skip
+        sim_settings = dt.comparable_settings(
+            arm, slots=row["slots"], num_layers=len(layers), num_experts=experts,
+            fit_tokens=prompt, seed=settings["seed"], rejected=rejected is not None,
+        )  # fmt: skip
+        runs = []
+        for _ in range(args.repeats):
+            policy = make_policy(arm.policy).fit(trace.first_tokens(prompt))
+            wrong = None if rejected is None else rejected[: trace.num_tokens]
+            runs.append(simulate(trace, policy, fits[source].profile_, sim_settings, wrong))
+        runs.sort(key=lambda r: r.tokens_per_second)
+        middle = runs[len(runs) // 2].to_dict()
+        rows[key] = {
+            "comparable": True,
+            **dt.compare(row, middle, stride, args.tolerance),
+            "simulated_tokens_per_second_runs": [r.tokens_per_second for r in runs],
+            "simulated_layer_ms": middle["layer_ms"],
+        }
+        print(f"{key:>20}: measured {row['tokens_per_second']:.2f} tok/s, simulated "
+              f"{middle['tokens_per_second']:.2f} ({rows[key]['ratio']:.2f}x)",
+              file=sys.stderr)  # fmt: skip
+    verdict = dt.verdict(rows, args.tolerance)
+    diagnostic = {}
+    if args.diagnose and "replay" in fits:
+        diagnostic = diagnose(args, data, traces["replay"][0], fits["replay"].profile_, k)
+    write_json(
+        args.out,
+        {
+            "benchmark": "the simulator against the measured disk tier (issue 53, part 4)",
+            "measured": args.measured.name,
+            "settings": {
+                "tolerance": args.tolerance,
+                "repeats": args.repeats,
+                "kernel_threads": args.kernel_threads,
+                "costs": "read from an earlier output" if args.costs else "timed here",
+            },
+            "engine_costs": costs,
+            "profiles": {
+                s: {
+                    "profile": f.profile_.to_dict(),
+                    "link_bandwidth": f.link_bandwidth_,
+                    "read_latency": f.read_latency_,
+                    "dense_seconds": f.dense_seconds_,
+                    "link_cpu_share": f.link_cpu_share_,
+                }
+                for s, f in fits.items()
+            },
+            "results": rows,
+            "verdict": verdict,
+            "post_hoc_diagnostic": diagnostic,
+            "seed_003_profiles": "simulated only once the calibration passes: not run"
+            if not verdict["passed"]
+            else "not implemented in this script yet",
+            "provenance": provenance(),
+        },  # fmt: skip
+        force=args.force,
+    )
+    print(f"calibration {'passed' if verdict['passed'] else 'failed'}; wrote {args.out}",
+          file=sys.stderr)  # fmt: skip
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
