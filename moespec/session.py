@@ -14,32 +14,12 @@ from moespec.errors import SettingError, setting
 from moespec.plan import Plan
 
 
-@dataclass
-class GenerateSettings:
-    """The settings of one generation (those of `moespec generate`, by the same names)."""
+@dataclass(kw_only=True)
+class OffloadSettings:
+    """Where the target's experts live when memory does not hold them all: the settings of
+    `moespec generate` and `moespec serve`, by the same names, checked in one place
+    (`check_offload`). Without `offload` (a policy's name) every expert stays in memory."""
 
-    prompt: str
-    model: str | None = None
-    max_tokens: int = 128
-    draft: str | None = None  # None: auto with the demo draft on the demo model, else none
-    draft_length: int | str = "auto"
-    max_draft_length: int = 8
-    compare_plain: bool = False
-    rounds: int = 3
-    kernel: str = "auto"
-    crossover: int | None = None
-    plan: str | None = None
-    dtype: str = "bf16"
-    weights: str | None = None  # "int8" or "int8-experts" (`models.load_model`); None: dtype
-    batch_invariant: bool = True
-    compile: str = "off"  # one-token steps by torch.compile: "auto", "on" or "off"
-    truncate: str = "none"
-    context: int | None = None  # positions; None: the model's, capped to what memory holds
-    stop_repeats: int = 8
-    temperature: float = 0.0
-    top_p: float = 1.0
-    seed: int = 0
-    threads: int | None = None
     offload: str | None = None
     expert_cache_ratio: float | None = None
     expert_cache_bytes: int | None = None
@@ -48,29 +28,11 @@ class GenerateSettings:
     # the disk tier: experts read from a converted model's file into a RAM cache of this size
     # (bytes, "6G", or "auto": available memory less the dense weights and a margin)
     memory_budget: int | str | None = None
-    remember: bool = True  # seed auto from measurements remembered by earlier runs (--no-cache)
-
-    def check(self) -> None:
-        """Settings that are wrong whatever the model: fail before it loads."""
-        from moespec.decoding import KernelPolicy
-
-        if self.draft_length != "auto" and (
-            not isinstance(self.draft_length, int) or self.draft_length < 0
-        ):
-            raise SettingError(
-                f"{setting('draft_length')} must be an integer >= 0 or 'auto', "
-                f"got {self.draft_length!r}"
-            )
-        KernelPolicy(self.kernel, self.crossover)
-        self.check_offload()
 
     def check_offload(self) -> None:
+        """Wrong settings whatever the model fail here, before it loads; a policy without a
+        budget gets the default (a quarter of the expert bytes), a memory budget its bytes."""
         budget = self.expert_cache_ratio is not None or self.expert_cache_bytes is not None
-        if self.weights is not None and self.offload is not None:
-            raise SettingError(
-                f"{setting('weights', self.weights)} runs in memory: it does not take "
-                f"{setting('offload')}"
-            )
         if self.offload is None:
             if budget or self.memory_budget is not None:
                 raise SettingError(
@@ -107,6 +69,65 @@ class GenerateSettings:
             )
         if self.memory_budget != "auto":
             self.memory_budget = parse_size(self.memory_budget)
+
+    def packs_experts(self, dtype: str) -> bool:
+        """Whether the model loads with its experts packed (`load_model`'s pack_experts): in
+        memory always; offloaded where the engine copies the packed layout."""
+        from moespec.offload.engine.tiers import keeps_packed_experts
+
+        return self.offload is None or keeps_packed_experts(self.offload_device, dtype)
+
+
+@dataclass
+class GenerateSettings(OffloadSettings):
+    """The settings of one generation (those of `moespec generate`, by the same names; the
+    offload settings are `OffloadSettings`', keyword-only)."""
+
+    prompt: str
+    model: str | None = None
+    max_tokens: int = 128
+    draft: str | None = None  # None: auto with the demo draft on the demo model, else none
+    draft_length: int | str = "auto"
+    max_draft_length: int = 8
+    compare_plain: bool = False
+    rounds: int = 3
+    kernel: str = "auto"
+    crossover: int | None = None
+    plan: str | None = None
+    dtype: str = "bf16"
+    weights: str | None = None  # "int8" or "int8-experts" (`models.load_model`); None: dtype
+    batch_invariant: bool = True
+    compile: str = "off"  # one-token steps by torch.compile: "auto", "on" or "off"
+    truncate: str = "none"
+    context: int | None = None  # positions; None: the model's, capped to what memory holds
+    stop_repeats: int = 8
+    temperature: float = 0.0
+    top_p: float = 1.0
+    seed: int = 0
+    threads: int | None = None
+    remember: bool = True  # seed auto from measurements remembered by earlier runs (--no-cache)
+
+    def check(self) -> None:
+        """Settings that are wrong whatever the model: fail before it loads."""
+        from moespec.decoding import KernelPolicy
+
+        if self.draft_length != "auto" and (
+            not isinstance(self.draft_length, int) or self.draft_length < 0
+        ):
+            raise SettingError(
+                f"{setting('draft_length')} must be an integer >= 0 or 'auto', "
+                f"got {self.draft_length!r}"
+            )
+        KernelPolicy(self.kernel, self.crossover)
+        self.check_offload()
+
+    def check_offload(self) -> None:
+        if self.weights is not None and self.offload is not None:
+            raise SettingError(
+                f"{setting('weights', self.weights)} runs in memory: it does not take "
+                f"{setting('offload')}"
+            )
+        super().check_offload()
 
 
 @dataclass
@@ -174,7 +195,6 @@ def generate_text(
     from moespec.models import StreamingDetokenizer, load_model
     from moespec.models.compiled import capture, compile_report
     from moespec.models.context import fit_context
-    from moespec.offload.engine.tiers import keeps_packed_experts
 
     settings.check()
     if settings.threads is not None:
@@ -186,8 +206,7 @@ def generate_text(
     model, tokenizer = load_model(
         model_dir,
         dtype=settings.dtype,
-        pack_experts=settings.offload is None
-        or keeps_packed_experts(settings.offload_device, settings.dtype),
+        pack_experts=settings.packs_experts(settings.dtype),
         weights=settings.weights,
     )
     model.batch_invariant = settings.batch_invariant
@@ -363,6 +382,72 @@ def speculation(settings, draft, model, tokenizer, prompt, kernels):
     )
 
 
+class OffloadedExperts:
+    """A loaded model's experts offloaded as `OffloadSettings` say, the cache budget decided
+    once (`of`); `open(draft_length)` opens an offload engine over them
+    (`moespec.offload.engine.open`): one per generation in `generate`, one for the server's
+    life in `serve`."""
+
+    def __init__(self, settings: OffloadSettings, model, budget_bytes: int | None):
+        self.settings, self.model, self.budget_bytes = settings, model, budget_bytes
+
+    @classmethod
+    def of(
+        cls,
+        settings: OffloadSettings,
+        model,
+        speculative: bool,
+        on_note: Callable[[str], None] | None = None,
+    ) -> "OffloadedExperts | None":
+        """The model's offloaded experts, or None where it runs in memory: no policy, or a
+        cache budget that holds every expert (a note says so). A policy that plans without a
+        draft is refused when decoding speculates; a disk budget below one layer's active
+        experts is refused, one above what is available capped (a note says so)."""
+        if settings.offload is None:
+            return None
+        from moespec.offload.engine.open import cache_budget, checked_policy
+
+        checked_policy(settings.offload, speculative)
+        if settings.memory_budget is not None:  # the disk tier: its RAM cache's bytes
+            from moespec.offload.engine.disk import disk_budget
+
+            budget, note = disk_budget(model, settings.memory_budget)
+            if note is not None and on_note is not None:
+                on_note(note)
+            return cls(settings, model, budget)
+        nbytes = settings.expert_cache_bytes
+        budget, total = cache_budget(model, settings.expert_cache_ratio, nbytes)
+        if budget < total:
+            return cls(settings, model, nbytes)
+        if on_note is not None:
+            on_note(
+                f"note: the expert cache ({budget} bytes) holds all {total} bytes of experts: "
+                "running in memory"
+            )
+        return None
+
+    def open(self, draft_length: int):
+        """An offload engine for steps of `draft_length` drafted tokens (0: no speculation)."""
+        from moespec.offload.engine.open import open_engine
+
+        s = self.settings
+        return open_engine(
+            self.model,
+            s.offload,
+            s.expert_cache_ratio,
+            draft_length,
+            budget_bytes=self.budget_bytes,
+            device=s.offload_device,
+            fit_trace=s.offload_fit,
+            disk=s.memory_budget is not None,
+        )
+
+
+def planned_draft_length(draft_length: int | str, max_draft_length: int) -> int:
+    """The k an offload policy plans for: the fixed draft length, or k_max under auto."""
+    return max_draft_length if draft_length == "auto" else draft_length
+
+
 class Arms:
     """The speculative and the plain arm: each call of an arm is a fresh generation (sampler,
     kernel policy, drafters, offload cache); offload summaries are kept per arm."""
@@ -372,49 +457,13 @@ class Arms:
         self.kernels, self.make_speculation = kernels, make_speculation
         self.speculative = make_speculation is not None
         self.offload_runs = {True: [], False: []}
-        self.in_memory = self._check_offload(on_note)
-
-    def _check_offload(self, on_note) -> bool:
-        s = self.settings
-        if s.offload is None:
-            return True
-        from moespec.offload.engine.open import cache_budget, checked_policy
-
-        checked_policy(s.offload, self.speculative)
-        if s.memory_budget is not None:  # the disk tier: the budget is decided once, here
-            from moespec.offload.engine.disk import disk_budget
-
-            self.disk_budget, note = disk_budget(self.model, s.memory_budget)
-            if note is not None and on_note is not None:
-                on_note(note)
-            return False
-        budget, total = cache_budget(self.model, s.expert_cache_ratio, s.expert_cache_bytes)
-        if budget < total:
-            return False
-        if on_note is not None:
-            on_note(
-                f"note: the expert cache ({budget} bytes) holds all {total} bytes of experts: "
-                "running in memory"
-            )
-        return True
+        self.offloaded = OffloadedExperts.of(settings, model, self.speculative, on_note)
+        self.draft_length = planned_draft_length(settings.draft_length, settings.max_draft_length)
 
     def _open_offload(self, speculative: bool):
-        if self.in_memory:
+        if self.offloaded is None:
             return None
-        from moespec.offload.engine.open import open_engine
-
-        s = self.settings
-        k = s.max_draft_length if s.draft_length == "auto" else s.draft_length
-        return open_engine(
-            self.model,
-            s.offload,
-            s.expert_cache_ratio,
-            k if speculative else 0,
-            budget_bytes=s.expert_cache_bytes if s.memory_budget is None else self.disk_budget,
-            device=s.offload_device,
-            fit_trace=s.offload_fit,
-            disk=s.memory_budget is not None,
-        )
+        return self.offloaded.open(self.draft_length if speculative else 0)
 
     def arm(self, speculative: bool):
         from moespec.decoding import Sampler, generate

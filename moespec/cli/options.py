@@ -82,6 +82,65 @@ def resolve_weights(args: argparse.Namespace) -> str | None:
     return None
 
 
+def add_offload(parser: argparse.ArgumentParser) -> None:
+    """The offloaded experts' settings (`moespec.session.OffloadSettings`, by the same names)."""
+    offload = parser.add_argument_group("offloaded experts")
+    offload.add_argument(
+        "--offload",
+        metavar="POLICY",
+        help="keep experts in host memory behind a device cache run by POLICY: spac, lru, "
+        "static, static-layers (llama.cpp's whole layers), hybrid, spac-ar (spac without "
+        "speculation), or a SpAc ablation",
+    )
+    budget = offload.add_mutually_exclusive_group()
+    budget.add_argument(
+        "--expert-cache-ratio",
+        type=positive_number,
+        metavar="R",
+        help="expert cache budget: this share of all expert bytes (default 0.25)",
+    )
+    budget.add_argument(
+        "--expert-cache-bytes",
+        type=non_negative_int,
+        metavar="B",
+        help="expert cache budget in bytes",
+    )
+    budget.add_argument(
+        "--memory-budget",
+        metavar="SIZE",
+        help="keep the experts in a converted model's file, read with direct I/O into a RAM "
+        "cache of SIZE (6G, 512M, or auto: available memory less the dense weights and a "
+        "margin)",
+    )
+    offload.add_argument(
+        "--offload-device",
+        default="auto",
+        metavar="cpu|cuda[:N]|auto",
+        help="the expert cache's device (default: cuda when available, else cpu)",
+    )
+    offload.add_argument(
+        "--offload-fit",
+        metavar="TRACE",
+        type=existing_file,
+        help="a routing trace (moespec trace) to fit the policy on (default: the first prompt "
+        "decoded)",
+    )
+
+
+def offload_settings(args: argparse.Namespace):
+    """The `moespec.session.OffloadSettings` of `add_offload`'s arguments (checked later)."""
+    from moespec.session import OffloadSettings
+
+    return OffloadSettings(
+        offload=args.offload,
+        expert_cache_ratio=args.expert_cache_ratio,
+        expert_cache_bytes=args.expert_cache_bytes,
+        offload_device=args.offload_device,
+        offload_fit=args.offload_fit,
+        memory_budget=args.memory_budget,
+    )
+
+
 def device_name(text: str) -> str:
     """An argparse type: "cpu", "cuda" or "cuda:N" (whether this machine has it is checked
     when the command runs: `require_device`)."""

@@ -10,13 +10,22 @@ chosen by --draft-length (default auto: k*(a) from the cost model), the expert k
 in bf16; a seeded sample equals the plain sample of that seed). Bodies over
 --max-request-bytes answer 413 unread; prompts over --max-prompt-tokens answer 400.
 Listens on loopback unless --host says otherwise.
+
+With --offload POLICY the target's experts are offloaded as `moespec generate` offloads them
+(the same policies, --expert-cache-ratio/--expert-cache-bytes, --offload-device, and
+--memory-budget SIZE|auto for a converted model's experts read from disk into a RAM cache), by
+one offload engine for the server's life, closed at shutdown; requests decode one at a time
+(--max-batch 1: the batched pass does not run offloaded experts), and /metrics adds its hit
+rate, bytes read and stall seconds.
 Needs the optional dependencies: pip install 'moespec[serve]'.
 """
 
 import argparse
 import importlib.util
+import sys
 
 from moespec.cli.generate import parse_draft_length
+from moespec.cli.options import add_offload, offload_settings
 
 HELP = "serve the model with an OpenAI-compatible HTTP API (speculative decoding per request)"
 
@@ -87,6 +96,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         action="store_true",
         help="neither read nor write the measurements earlier runs remembered",
     )
+    add_offload(parser)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -95,10 +105,13 @@ def run(args: argparse.Namespace) -> int:
         raise ValueError(f"needs {' and '.join(missing)}: pip install 'moespec[serve]'")
     if not 0 <= args.port <= 65535:
         raise ValueError(f"--port must be in [0, 65535], got {args.port}")
+    from moespec.errors import cli_text
     from moespec.serve import serve
 
     def listening(url, engine):
         name = f"{engine.model_name} (draft {engine.speculation.name})"
+        if engine.offload is not None:
+            name += f", experts offloaded by {engine.offload.describe()}"
         print(f"moespec serve: {name} on {url}", flush=True)
 
     serve(
@@ -119,5 +132,7 @@ def run(args: argparse.Namespace) -> int:
         max_prompt_tokens=args.max_prompt_tokens,
         max_batch=args.max_batch,
         remember=not args.no_cache,
+        offload_settings=offload_settings(args),
+        on_note=lambda line: print(cli_text(line), file=sys.stderr, flush=True),
     )
     return 0

@@ -4,6 +4,10 @@ Each request becomes a `Job`; the worker runs it through the same generator loop
 `moespec generate` (moespec.decoding.generate), one StepRecord at a time, and between steps
 checks the job's cancel flag (set when the client disconnects). Text goes back to the request's
 event loop as it is decoded, cut at stop strings. A full queue refuses at once (`QueueFull`).
+
+With offloaded experts (an offload engine, opened once for the server's life and closed with
+it) the worker decodes one job at a time through `generate` with that engine, as `moespec
+generate` does: the batched pass does not run offloaded experts.
 """
 
 import asyncio
@@ -13,7 +17,7 @@ import time
 from collections import deque
 from dataclasses import dataclass, field
 
-from moespec.decoding import KernelPolicy, Sampler, summarize
+from moespec.decoding import KernelPolicy, Sampler, generate, summarize
 from moespec.decoding.adjust import LogitAdjust
 from moespec.decoding.batch import BatchRequest, decode_batch
 from moespec.errors import SettingError, setting
@@ -61,7 +65,9 @@ class Job:
 class Engine:
     """model + tokenizer + speculation + kernel policy; `submit(job)` queues a job or raises
     QueueFull; one worker thread decodes jobs in order. `pause()` holds the worker before its
-    next job (queued jobs wait), `resume()` lets it go on."""
+    next job (queued jobs wait), `resume()` lets it go on. offload: an offload engine
+    (moespec.offload.engine) running the target's experts, for every job in turn (max_batch
+    1); `close()` closes it."""
 
     def __init__(
         self,
@@ -77,11 +83,15 @@ class Engine:
         max_request_bytes: int = MAX_REQUEST_BYTES,
         max_prompt_tokens: int | None = None,
         max_batch: int = 1,
+        offload=None,
     ):
         self.check_limits(
             max_queue, max_tokens_limit, max_request_bytes, max_prompt_tokens, max_batch
         )
+        if offload is not None and max_batch > 1:
+            raise SettingError(offload_alone(max_batch))
         self.max_batch = max_batch
+        self.offload = None if offload is None else Bracketed(offload)
         self.model, self.tokenizer, self.speculation = model, tokenizer, speculation
         self.model_name = model_name
         self.kernels = kernels or KernelPolicy()
@@ -174,11 +184,14 @@ class Engine:
             self.condition.notify_all()
         self.worker.join(timeout=60)
         self.speculation.write_back()
+        if self.offload is not None:  # its link and I/O threads, its file
+            self.offload.close()
 
     def render_metrics(self) -> str:
         with self.condition:
             waiting, running = len(self.pending), len(self.active)
-        return self.metrics.render(waiting, self.max_queue, running)
+        offload = self.offload.summary() if self.offload is not None else None
+        return self.metrics.render(waiting, self.max_queue, running, offload)
 
     # -- the worker --------------------------------------------------------------------------
     def _requests(self):
@@ -220,15 +233,46 @@ class Engine:
         failure fails the jobs then running (never the server) and the batch starts again."""
         while not self.closed:
             try:
-                batch = decode_batch(
-                    self.model, self._requests(), max_batch=self.max_batch, kernels=self.kernels
-                )
-                for job, record in batch:
+                for job, record in self._decode():
                     self._deliver(self.active[job], record)
             except Exception as error:  # a failed generation must not stop the server
                 for running in list(self.active.values()):
                     message = f"generation failed: {type(error).__name__}: {error}"
                     self._end(running, "error", message)
+
+    def _decode(self):
+        """(job, record) as the jobs decode: a continuous batch of up to max_batch in memory;
+        with offloaded experts, one job at a time through `generate` and the offload engine."""
+        if self.offload is None:
+            return decode_batch(
+                self.model, self._requests(), max_batch=self.max_batch, kernels=self.kernels
+            )
+        return self._decode_offloaded()
+
+    def _decode_offloaded(self):
+        for request in self._requests():
+            if request is None:  # none now (none runs either: the wait was for a job)
+                continue
+            records = generate(
+                self.model,
+                request.prompt,
+                max_tokens=request.max_tokens,
+                sampler=request.sampler,
+                kernels=self.kernels,
+                drafter=request.drafter,
+                stop_tokens=request.stop_tokens,
+                offload=self.offload,
+                adjust=request.adjust,
+                logprobs=request.logprobs,
+            )
+            try:
+                for record in records:
+                    yield request.key, record
+                    if request.halt.is_set():  # it ended: done, cancelled or failed
+                        break
+            finally:
+                records.close()
+                self.offload.settle()  # a pass that failed midway left its step open
 
     def _deliver(self, running: "Running", record) -> None:
         """Send a job's new text (cut at stop strings), and end it when it is done."""
@@ -259,6 +303,55 @@ class Engine:
             self.recent_seconds.append(time.perf_counter() - running.started)
             self.condition.notify_all()
         job.finished.set()
+
+
+def offload_alone(max_batch: int) -> str:
+    """Why offloaded experts decode one request at a time (a `setting`-marked message)."""
+    return (
+        f"{setting('offload')} decodes one request at a time: it does not take "
+        f"{setting('max_batch', max_batch)} (the batched pass does not run offloaded experts)"
+    )
+
+
+class Bracketed:
+    """An offload engine as the decode loop drives it, knowing whether a pass is open (begun,
+    not ended): a generation that fails midway leaves its step open, and `settle()` ends it, so
+    the next request's passes may begin. Everything else is the engine's."""
+
+    def __init__(self, engine):
+        self.engine, self.open = engine, False
+
+    def begin_step(self, n_tokens: int, **step) -> None:
+        self.engine.begin_step(n_tokens, **step)
+        self.open = True
+
+    def end_step(self, accepted: int) -> None:
+        self.open = False
+        self.engine.end_step(accepted)
+
+    def settle(self) -> None:
+        if self.open:
+            self.end_step(0)
+
+    def __call__(self, layer: int, x, expert_ids, expert_weights, kernel: str):
+        return self.engine(layer, x, expert_ids, expert_weights, kernel)
+
+    def take_stats(self) -> dict:
+        return self.engine.take_stats()
+
+    def summary(self) -> dict | None:
+        """The engine's totals (`OffloadEngine.summary`); None before it has started (the first
+        decode step), when its policy's own figures do not exist yet."""
+        return self.engine.summary() if self.engine.started else None
+
+    def describe(self) -> str:
+        """The policy, where the expert cache fills from or lies, and its budget."""
+        engine = self.engine
+        name = getattr(engine.policy, "name", type(engine.policy).__name__)
+        return f"{name} ({engine.backend.name}, cache {engine.budget_bytes} bytes)"
+
+    def close(self) -> None:
+        self.engine.close()
 
 
 @dataclass

@@ -1,7 +1,8 @@
 """The server's counters, rendered in the Prometheus text exposition format (version 0.0.4).
 
 Fed by the worker with every StepRecord of the generator loop (tokens, drafted, accepted,
-draft length, kernel, seconds) and by the app with every answer's HTTP status.
+draft length, kernel, seconds) and by the app with every answer's HTTP status; with offloaded
+experts, the offload engine's totals are read as the text is rendered (`offload_families`).
 """
 
 import threading
@@ -61,8 +62,11 @@ class Metrics:
             if record.acceptance_estimate is not None:
                 self.last_acceptance_estimate = record.acceptance_estimate
 
-    def render(self, queue_length: int, queue_capacity: int, running: int) -> str:
-        """The exposition text: HELP and TYPE lines, then samples."""
+    def render(
+        self, queue_length: int, queue_capacity: int, running: int, offload: dict | None = None
+    ) -> str:
+        """The exposition text: HELP and TYPE lines, then samples; offload: the offload
+        engine's summary (moespec.offload.engine.executor.OffloadEngine.summary), if any."""
         with self.lock:
             rate = self.decode_tokens / self.decode_seconds if self.decode_seconds else None
             acceptance = self.accepted / self.drafted if self.drafted else None
@@ -158,17 +162,71 @@ class Metrics:
                 ("queue_capacity", "gauge", "requests that may wait", None, queue_capacity),
                 ("running", "gauge", "requests generating (batch size 1)", None, running),
             ]
+        if offload is not None:
+            families += offload_families(offload)
         lines = []
         for name, kind, text, label, value in families:
             lines += [f"# HELP {PREFIX}{name} {text}", f"# TYPE {PREFIX}{name} {kind}"]
             if label is None:
                 lines.append(f"{PREFIX}{name} {_number(value)}")
-            else:
-                lines += [
-                    f'{PREFIX}{name}{{{label}="{key}"}} {_number(count)}'
-                    for key, count in sorted(value.items(), key=lambda kv: str(kv[0]))
-                ]
+            else:  # a label's name and values, or a tuple of names and tuples of values
+                names = label if isinstance(label, tuple) else (label,)
+                for key, count in sorted(value.items(), key=lambda kv: str(kv[0])):
+                    keys = key if isinstance(key, tuple) else (key,)
+                    labels = ",".join(f'{n}="{k}"' for n, k in zip(names, keys, strict=True))
+                    lines.append(f"{PREFIX}{name}{{{labels}}} {_number(count)}")
         return "\n".join(lines) + "\n"
+
+
+def offload_families(summary: dict) -> list[tuple]:
+    """The offload engine's totals over the server's life as metric families: its policy and
+    tier, the cache, hits and misses, bytes brought in, and the decode loop's stalls on them."""
+    disk = summary.get("tier") == "disk"
+    # bytes read into the RAM cache and the CPU tier's staging (disk), else copied to the cache
+    brought = summary["disk_bytes_read"] if disk else summary["bytes_copied"]
+    stalled = summary["stall_seconds"] if disk else summary["copy_wait_seconds"]
+    where = (summary["policy"], "disk" if disk else summary["device"])
+    return [
+        (
+            "offload_info",
+            "gauge",
+            "the offload policy and the tier the expert cache fills from (disk) or lies on",
+            ("policy", "tier"),
+            {where: 1},
+        ),
+        ("offload_cache_bytes", "gauge", "the cache's budget", None, summary["budget_bytes"]),
+        ("offload_cache_slots", "gauge", "experts the cache holds", None, summary["slots"]),
+        (
+            "offload_hit_rate",
+            "gauge",
+            "needed experts found in the cache and arrived, over the server's life",
+            None,
+            summary["hit_rate"],
+        ),
+        ("offload_hits_total", "counter", "needed experts found ready", None, summary["hits"]),
+        ("offload_misses_total", "counter", "needed experts not ready", None, summary["misses"]),
+        (
+            "offload_cpu_experts_total",
+            "counter",
+            "experts computed on the CPU tier",
+            None,
+            summary["cpu_experts"],
+        ),
+        (
+            "offload_bytes_read_total",
+            "counter",
+            "bytes read from disk (the disk tier) or copied into the expert cache",
+            None,
+            brought,
+        ),
+        (
+            "offload_stall_seconds_total",
+            "counter",
+            "seconds the decode loop waited for experts to arrive",
+            None,
+            stalled,
+        ),
+    ]
 
 
 def _number(value) -> str:

@@ -1,11 +1,15 @@
-"""Starting a server: load the checkpoint (default: the embedded demo pair), build the engine
-and the app, and run uvicorn on a socket bound here (so port 0 picks a free port)."""
+"""Starting a server: load the checkpoint (default: the embedded demo pair), open its offload
+engine when its experts are offloaded (`moespec.session.OffloadSettings`, as `generate` takes
+them), build the engine and the app, and run uvicorn on a socket bound here (so port 0 picks
+a free port)."""
 
 import socket
 from collections.abc import Callable
 from pathlib import Path
 
-from moespec.serve.engine import MAX_REQUEST_BYTES, Engine
+from moespec.errors import SettingError
+from moespec.serve.engine import MAX_REQUEST_BYTES, Engine, offload_alone
+from moespec.session import OffloadedExperts, OffloadSettings, planned_draft_length
 
 
 def load_engine(
@@ -24,9 +28,14 @@ def load_engine(
     max_prompt_tokens: int | None = None,
     max_batch: int = 1,
     remember: bool = False,
+    offload_settings: OffloadSettings | None = None,
+    on_note: Callable[[str], None] | None = None,
 ) -> Engine:
     """An engine as `moespec generate` would decode: the demo target drafted by the demo draft
-    when no model is given; draft "none" (or no draft with another model) decodes plainly."""
+    when no model is given; draft "none" (or no draft with another model) decodes plainly.
+    offload_settings: the target's experts offloaded as `moespec generate` offloads them, by
+    one offload engine for the server's life (at max_batch 1); on_note: a line about how it
+    runs (the budget chosen, or one that holds every expert)."""
     from moespec.decoding import KernelPolicy
     from moespec.demo import describe
     from moespec.models import load_model
@@ -42,14 +51,18 @@ def load_engine(
         max_request_bytes=max_request_bytes,
         max_prompt_tokens=max_prompt_tokens,
         max_batch=max_batch,
+        offload_settings=offload_settings,
     )
+    offload_settings = offload_settings or OffloadSettings()
     if model is None:
         from moespec.demo import demo_paths
 
         model, demo_draft = map(str, demo_paths())
         draft = f"auto:{demo_draft}" if draft is None else draft
     draft = None if draft == "none" else draft
-    target, tokenizer = load_model(model, dtype=dtype)
+    target, tokenizer = load_model(
+        model, dtype=dtype, pack_experts=offload_settings.packs_experts(dtype)
+    )
     target.batch_invariant = True  # as `moespec generate` decodes by default
     loaded_plan = None
     if plan is not None:
@@ -67,7 +80,8 @@ def load_engine(
         max_draft_length=max_draft_length,
         plan=loaded_plan,
     )
-    if remember and draft is not None:
+    # offloaded, a pass's time is not the model's in memory: not remembered (as in generate)
+    if remember and draft is not None and offload_settings.offload is None:
         import torch
 
         from moespec.decoding.remembered import Remembered
@@ -76,19 +90,29 @@ def load_engine(
             Remembered.open(model, weights=None, dtype=dtype, threads=torch.get_num_threads())
         )
     special = {"eos_token": tokenizer.decode(list(target.config.eos_token_ids[:1]))}
-    return Engine(
-        target,
-        tokenizer,
-        speculation,
-        model_name=describe(model),
-        kernels=KernelPolicy(kernel, crossover),
-        chat_template=ChatTemplate(read_chat_template(Path(model)), special),
-        max_queue=max_queue,
-        max_tokens_limit=max_tokens_limit,
-        max_request_bytes=max_request_bytes,
-        max_prompt_tokens=max_prompt_tokens,
-        max_batch=max_batch,
-    )
+    chat_template = ChatTemplate(read_chat_template(Path(model)), special)
+    offloaded = OffloadedExperts.of(offload_settings, target, draft is not None, on_note)
+    k = planned_draft_length(draft_length, max_draft_length) if draft is not None else 0
+    offload = offloaded.open(k) if offloaded is not None else None
+    try:
+        return Engine(
+            target,
+            tokenizer,
+            speculation,
+            model_name=describe(model),
+            kernels=KernelPolicy(kernel, crossover),
+            chat_template=chat_template,
+            max_queue=max_queue,
+            max_tokens_limit=max_tokens_limit,
+            max_request_bytes=max_request_bytes,
+            max_prompt_tokens=max_prompt_tokens,
+            max_batch=max_batch,
+            offload=offload,
+        )
+    except BaseException:
+        if offload is not None:
+            offload.close()
+        raise
 
 
 def check_settings(
@@ -101,9 +125,11 @@ def check_settings(
     max_request_bytes=MAX_REQUEST_BYTES,
     max_prompt_tokens=None,
     max_batch=1,
+    offload_settings=None,
     **_,
 ) -> None:
-    """Settings that are wrong whatever the model: fail before it loads (or a port is bound)."""
+    """Settings that are wrong whatever the model: fail before it loads (or a port is bound).
+    The offload settings are checked (and their defaults filled in) as `generate` checks them."""
     from moespec.decoding import KernelPolicy
     from moespec.decoding.setup import parse_oracle
 
@@ -111,6 +137,10 @@ def check_settings(
     Engine.check_limits(
         max_queue, max_tokens_limit, max_request_bytes, max_prompt_tokens, max_batch
     )
+    if offload_settings is not None:
+        offload_settings.check_offload()
+        if offload_settings.offload is not None and max_batch > 1:
+            raise SettingError(offload_alone(max_batch))
     if draft is not None and draft.startswith("oracle"):
         parse_oracle(draft)
 
