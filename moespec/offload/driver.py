@@ -19,6 +19,9 @@ one set of names for both back ends. The back end is any object with three metho
     copy_started(layer, expert, kind) the expert holds its bytes now; start moving them
     evicted(layer, expert)            the expert's bytes are free again
 
+A policy with a `layer_kernel` (SpAc's C kernel, whose plans fetch nothing) does plan, check
+and pin in one call and finish in another: the same decisions, without Python per expert.
+
 The budget: `expert_cache_budget` (one rule for both back ends) is floor(ratio x W) bytes of
 all expert bytes W, or a byte count.
 """
@@ -27,7 +30,7 @@ from dataclasses import dataclass, fields
 
 import numpy as np
 
-from moespec.offload.policies.base import CacheBudgetError, ExpertCache, LayerTiming
+from moespec.offload.policies.base import EMPTY, CacheBudgetError, ExpertCache, LayerTiming
 
 
 class PlanError(RuntimeError):
@@ -127,6 +130,7 @@ class LayerDriver:
         self.cache, self.policy, self.backend, self.log = cache, policy, backend, log
         self.stats = OffloadStats()
         self.preload_bytes = 0
+        self.kernel = None  # the policy's layer_kernel, once started
 
     def start(self, *, draft_length: int, top_k: int, tier_overlap: float = 1.0) -> None:
         """Reset the policy on the cache, telling it how far the tiers' work overlaps
@@ -134,10 +138,20 @@ class LayerDriver:
         self.policy.tier_overlap = float(tier_overlap)
         self.policy.reset(self.cache, draft_length=draft_length, top_k=top_k)
         self.preload_bytes = self.cache.used_bytes
+        self.kernel = self.policy.layer_kernel()
 
     # One layer of a pass.
     def plan(self, layer: int, experts: np.ndarray, counts: np.ndarray, now: float, fetch):
         """Plan, check, pin and fetch; `fetch(layer, expert, now)` -> False when no room."""
+        if self.kernel is not None:  # plan, check (distinct ids in range) and pins in one call
+            accelerator, cpu, hits = self.kernel.plan(layer, experts, counts, now, True)
+            stats = self.stats
+            stats.hits += hits
+            stats.misses += len(experts) - hits
+            stats.cpu_experts += len(cpu)
+            if self.log is not None:
+                self._log("pin", layer, np.sort(accelerator))
+            return Placement(accelerator, cpu, EMPTY)
         cache, stats = self.cache, self.stats
         hits = int(cache.ready(layer, experts, now).sum())
         plan = self.policy.plan_layer(layer, experts, counts, now)
@@ -164,6 +178,12 @@ class LayerDriver:
         return Placement(accelerator, cpu, plan.fetch)
 
     def finish(self, layer, experts, counts, placement: Placement, timing: LayerTiming) -> None:
+        if self.kernel is not None:  # unpin, end_layer, observe_layer in one call
+            used = self.cache.used_bytes
+            self.kernel.finish(layer, experts, counts, placement.accelerator, timing, used)
+            if self.log is not None:
+                self._log("unpin", layer, placement.accelerator)
+            return
         self.cache.pinned[layer, placement.accelerator] = False
         self._log("unpin", layer, placement.accelerator)
         self.policy.end_layer(layer, experts, counts)

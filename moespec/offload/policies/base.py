@@ -224,12 +224,16 @@ class OffloadPolicy:
         return self
 
     def reset(self, cache: ExpertCache, *, draft_length: int, top_k: int) -> None:
+        self.bind(cache, draft_length=draft_length, top_k=top_k)
+        if getattr(self, "frequencies_", None) is not None:
+            self.preload(self.frequencies_)
+
+    def bind(self, cache: ExpertCache, *, draft_length: int, top_k: int) -> None:
+        """The run's cache and shapes, and fresh unit times: `reset` before its preload."""
         self.cache = cache
         self.draft_length = draft_length
         self.top_k = top_k
         self.unit_times = UnitTimes(cache.num_layers)
-        if getattr(self, "frequencies_", None) is not None:
-            self.preload(self.frequencies_)
 
     def preload(self, frequencies: np.ndarray) -> list[tuple[int, int]]:
         """Fill the cache with the most frequent experts (ties: lower layer, lower id)."""
@@ -280,6 +284,19 @@ class OffloadPolicy:
 
     def observe_draft(self, seconds: float, drafted: int) -> None:
         self.unit_times.observe_draft(seconds, drafted)
+
+    def layer_kernel(self):
+        """None, or an object that runs a layer's decisions and the driver's bookkeeping in
+        two calls, for a policy whose plans fetch nothing (spac_kernel.py):
+
+            plan(layer, experts, counts, now, pin=True) -> (accelerator, cpu, hits)
+                plan_layer's split, the accelerator experts pinned, the needed experts
+                resident and arrived by `now` counted; distinct ids in 0..N-1 or ValueError
+            finish(layer, experts, counts, accelerator, timing, used_bytes)
+                unpin `accelerator`, end_layer, observe_layer(timing)
+
+        The driver uses it in place of plan_layer, check_plan, end_layer and observe_layer."""
+        return None
 
     def predicted_hot(self, layer: int) -> np.ndarray | None:
         """Bool [N]: the experts predicted active in this layer's next pass (None: no forecast)."""

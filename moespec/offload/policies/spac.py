@@ -19,6 +19,16 @@ where the driver says the tiers share one processor (`tier_overlap` below 1: the
 the balancer weighs the layer's whole time, copies and the cost of a split included, and may
 prefetch nothing and run the layer on the CPU alone (balancer.py), from the first step on which
 it has timed both tiers: there the paper's warm-up of static copies is skipped (`_choose_tau`).
+
+What runs: where a C compiler and Python's headers are found, the C kernel of spac_kernel.py
+(spac_native.c) makes these decisions, one call per layer's plan and one per its finish, with
+the eviction pool and the prefetch queue held in C; it decides exactly as the Python classes
+below (estimator.py, balancer.py, queues.py), which run where it does not build, under
+`MOESPEC_NATIVE=0`, without speculation (the ring of counts) and with `link_fetch`
+(tests/test_offload_spac_kernel.py compares the two). The layer driver hands it its pins
+and the unit times' update (`layer_kernel`). On Qwen3-30B-A3B shapes that is ~12 us per layer
+pass on a 2-core AVX2 host, against ~200 for the Python classes there
+(benchmarks/results/policy_overhead_avx2.json).
 """
 
 from dataclasses import dataclass, replace
@@ -26,6 +36,7 @@ from itertools import accumulate
 
 import numpy as np
 
+from moespec.offload.policies import spac_kernel
 from moespec.offload.policies.balancer import WorkloadBalancer, link_fetches
 from moespec.offload.policies.base import EMPTY, LayerPlan, OffloadPolicy
 from moespec.offload.policies.estimator import READINGS, UtilityEstimator
@@ -84,10 +95,18 @@ def reading_config(reading: str, **fields) -> SpAcConfig:
 
 
 class SpAcPolicy(OffloadPolicy):
-    def __init__(self, config: SpAcConfig | None = None, name: str = "spac"):
+    """`native`: None runs the C kernel where it builds and covers the config (speculative,
+    no link fetches), else these Python classes; False always the Python; True the C or an
+    error saying why not."""
+
+    def __init__(
+        self, config: SpAcConfig | None = None, name: str = "spac", native: bool | None = None
+    ):
         self.config = config or SpAcConfig()
         self.name = name
         self.speculative = self.config.speculative
+        self.native = native
+        self._kernel = None
 
     def reset(self, cache, *, draft_length: int, top_k: int) -> None:
         cfg, layers, experts = self.config, cache.num_layers, cache.num_experts
@@ -106,24 +125,57 @@ class SpAcPolicy(OffloadPolicy):
         )
         k = self.estimator.max_utility
         self.balancer = WorkloadBalancer(layers, k, cfg.warmup_steps)
-        self.queue = PrefetchQueue(layers, experts, k)
-        self.pool = EvictionPool(layers, experts, k, cache.expert_bytes)
-        self.tau = np.full(layers, min(max(cfg.static_tau, 1), k))
+        self.tau = np.full(layers, min(max(cfg.static_tau, 1), k), dtype=np.int64)
         # Without speculation, f is the count over the last `window` tokens: a ring of counts.
         self._ring = np.zeros((1 if cfg.speculative else window, layers, experts))
-        self._step, self._n_tokens, self.cancelled = 0, 1, 0
-        super().reset(cache, draft_length=draft_length, top_k=top_k)
+        self._step, self._n_tokens, self._cancelled = 0, 1, 0
+        self.bind(cache, draft_length=draft_length, top_k=top_k)
+        self._kernel = None
+        if self._use_kernel():  # the pool and queue live in C; the arrays above are shared
+            self.queue = self.pool = None
+            self._kernel = spac_kernel.make_state(self, cache)
+        else:
+            self.queue = PrefetchQueue(layers, experts, k)
+            self.pool = EvictionPool(layers, experts, k, cache.expert_bytes)
+        if getattr(self, "frequencies_", None) is not None:
+            self.preload(self.frequencies_)
+
+    def _use_kernel(self) -> bool:
+        cfg = self.config
+        if self.native is False:
+            return False
+        covered = cfg.speculative and not cfg.link_fetch  # the ring and link fetches: Python
+        if self.native and not (covered and spac_kernel.available()):
+            why = spac_kernel.why_unavailable() or "its config needs the Python classes"
+            raise RuntimeError(f"{self.name}: no C kernel ({why})")
+        return covered and spac_kernel.available()
+
+    def layer_kernel(self):
+        return self._kernel
+
+    @property
+    def cancelled(self) -> int:
+        """Prefetches cancelled because their layer came before they started."""
+        return self._kernel.counters()[1] if self._kernel is not None else self._cancelled
 
     def admitted(self, layer: int, expert: int) -> None:
+        if self._kernel is not None:
+            self._kernel.admitted(layer, expert)
+            return
         self.pool.add(layer, expert, int(self.estimator.utility[layer, expert]))
 
     def begin_step(self, n_tokens: int) -> None:
         self._n_tokens = n_tokens
+        if self._kernel is not None:
+            self._kernel.set_step(self._step, n_tokens)
 
     def plan_layer(self, layer, experts, counts, now) -> LayerPlan:
+        if self._kernel is not None:
+            accelerator, cpu, _ = self._kernel.plan(layer, experts, counts, now, False)
+            return LayerPlan(accelerator, cpu, EMPTY)
         u = self.estimator.utility[layer]
         self.balancer.record(layer, u[experts], counts)
-        self.cancelled += self.queue.cancel_layer(layer)
+        self._cancelled += self.queue.cancel_layer(layer)
         if self.tau[layer] > self.estimator.max_utility:  # tau = K + 1: nothing hot (serial)
             return LayerPlan(EMPTY, experts.astype(np.int64), EMPTY)
         cached = self.cache.present[layer, experts]
@@ -152,6 +204,9 @@ class SpAcPolicy(OffloadPolicy):
         return misses[order[:j]].astype(np.int64)
 
     def end_layer(self, layer, experts, counts) -> None:
+        if self._kernel is not None:
+            self._kernel.end_layer(layer, experts, counts, self.cache.used_bytes)
+            return
         frequency = self._window_frequency(layer, experts, counts)
         old = self.estimator.utility[layer].copy()
         u = self.estimator.update(layer, frequency)
@@ -226,17 +281,25 @@ class SpAcPolicy(OffloadPolicy):
 
     def end_step(self, accepted: int) -> None:
         self._step += 1
+        if self._kernel is not None:
+            self._kernel.set_step(self._step, self._n_tokens)
 
     def next_prefetch(self):
+        if self._kernel is not None:
+            return self._kernel.next_prefetch()
         while (item := self.queue.pop()) is not None:
             if not self.cache.present[item]:
                 return item
         return None
 
     def has_prefetch(self) -> bool:
+        if self._kernel is not None:
+            return self._kernel.counters()[0] > 0
         return len(self.queue) > 0
 
     def choose_victim(self, layer, expert, now):
+        if self._kernel is not None:
+            return self._kernel.victim(layer, expert, now)
         if not self.config.evict:
             return None
         incoming = int(self.estimator.utility[layer, expert])
@@ -250,13 +313,16 @@ class SpAcPolicy(OffloadPolicy):
 
     def stats(self) -> dict:
         b = self.balancer
+        choices, tau_sum, infeasible, none_hot = b.choices, b.tau_sum, b.infeasible, b.none_hot
+        if self._kernel is not None:
+            choices, tau_sum, infeasible, none_hot = self._kernel.counters()[2:]
         return {
             "max_utility": self.estimator.max_utility,
             # tau = K + 1 (tiers on one processor): nothing hot, the layer whole on the CPU
-            "mean_tau": b.tau_sum / b.choices if b.choices else float(self.tau.mean()),
-            "balancer_choices": b.choices,
-            "balancer_none_hot": b.none_hot,
-            "balancer_infeasible": b.infeasible,
+            "mean_tau": tau_sum / choices if choices else float(self.tau.mean()),
+            "balancer_choices": choices,
+            "balancer_none_hot": none_hot,
+            "balancer_infeasible": infeasible,
             "cancelled_prefetches": self.cancelled,
         }
 
