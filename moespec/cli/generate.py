@@ -29,18 +29,20 @@ margin), run by the same policies.
 import argparse
 import json
 import sys
+from dataclasses import asdict
 
 from moespec.cli.options import (
     add_batch_invariant,
     add_dtype,
+    add_offload,
     add_weights,
     checkpoint_dir,
     existing_file,
     non_negative_int,
     non_negative_number,
     number_in,
+    offload_settings,
     positive_int,
-    positive_number,
     resolve_weights,
 )
 
@@ -189,46 +191,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     batch.add_argument(
         "--force", action="store_true", help="--batch: start the results afresh (overwrite)"
     )
-    offload = parser.add_argument_group("offloaded experts")
-    offload.add_argument(
-        "--offload",
-        metavar="POLICY",
-        help="keep experts in host memory behind a device cache run by POLICY: spac, lru, "
-        "static, static-layers (llama.cpp's whole layers), hybrid, spac-ar (spac without "
-        "speculation), or a SpAc ablation",
-    )
-    budget = offload.add_mutually_exclusive_group()
-    budget.add_argument(
-        "--expert-cache-ratio",
-        type=positive_number,
-        metavar="R",
-        help="expert cache budget: this share of all expert bytes (default 0.25)",
-    )
-    budget.add_argument(
-        "--expert-cache-bytes",
-        type=non_negative_int,
-        metavar="B",
-        help="expert cache budget in bytes",
-    )
-    budget.add_argument(
-        "--memory-budget",
-        metavar="SIZE",
-        help="keep the experts in a converted model's file, read with direct I/O into a RAM "
-        "cache of SIZE (6G, 512M, or auto: available memory less the dense weights and a "
-        "margin)",
-    )
-    offload.add_argument(
-        "--offload-device",
-        default="auto",
-        metavar="cpu|cuda[:N]|auto",
-        help="the expert cache's device (default: cuda when available, else cpu)",
-    )
-    offload.add_argument(
-        "--offload-fit",
-        metavar="TRACE",
-        type=existing_file,
-        help="a routing trace (moespec trace) to fit the policy on (default: the prompt)",
-    )
+    add_offload(parser)
 
 
 def parse_draft_length(text: str) -> int | str:
@@ -276,13 +239,8 @@ def run(args: argparse.Namespace) -> int:
         top_p=args.top_p,
         seed=args.seed,
         threads=args.threads,
-        offload=args.offload,
-        expert_cache_ratio=args.expert_cache_ratio,
-        expert_cache_bytes=args.expert_cache_bytes,
-        offload_device=args.offload_device,
-        offload_fit=args.offload_fit,
-        memory_budget=args.memory_budget,
         remember=not args.no_cache,
+        **asdict(offload_settings(args)),
     )
     result = generate_text(
         settings,
