@@ -259,6 +259,17 @@ RESULTS = [
         ),
         2,
     ),
+    Result(  # AVX2-only host; builds a 4-layer OLMoE-1B-7B int8 model and deletes it after
+        "disk-tier-overlap",
+        ("larger_than_memory/disk_tier_overlap_avx2.json",),
+        (
+            "python benchmarks/disk_tier_overlap.py --build-layers 4 "
+            f"--work-dir {CHECKPOINTS}/dto --memory-budget 40% --tokens 48 --prompt-tokens 64 "
+            "--rounds 4 "
+            f"--out {RESULTS_DIR}/larger_than_memory/disk_tier_overlap_avx2.json --force",
+        ),
+        7,
+    ),
     Result(
         "serve-batch",
         ("serve_batch_demo.json",),
@@ -290,6 +301,15 @@ RESULTS = [
         (
             f"python benchmarks/policy_overhead.py --out {RESULTS_DIR}/policy_overhead.json "
             "--rounds 5 --tokens 128 --before-rev 0ba278f --force",
+        ),
+        12,
+    ),
+    Result(  # SpAc's decisions in C (spac_kernel.py) against the Python classes before it
+        "policy-overhead-avx2",
+        ("policy_overhead_avx2.json",),
+        (
+            f"python benchmarks/policy_overhead.py --out {RESULTS_DIR}/policy_overhead_avx2.json "
+            "--rounds 5 --tokens 128 --before-rev 8fba9bb --force",
         ),
         12,
     ),
