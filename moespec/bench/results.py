@@ -259,17 +259,6 @@ RESULTS = [
         ),
         2,
     ),
-    Result(  # AVX2-only host; builds a 4-layer OLMoE-1B-7B int8 model and deletes it after
-        "disk-tier-overlap",
-        ("larger_than_memory/disk_tier_overlap_avx2.json",),
-        (
-            "python benchmarks/disk_tier_overlap.py --build-layers 4 "
-            f"--work-dir {CHECKPOINTS}/dto --memory-budget 40% --tokens 48 --prompt-tokens 64 "
-            "--rounds 4 "
-            f"--out {RESULTS_DIR}/larger_than_memory/disk_tier_overlap_avx2.json --force",
-        ),
-        7,
-    ),
     Result(
         "serve-batch",
         ("serve_batch_demo.json",),
