@@ -259,6 +259,28 @@ RESULTS = [
         ),
         2,
     ),
+    Result(  # AVX2-only host; builds a 4-layer OLMoE-1B-7B int8 model and deletes it after
+        "disk-tier-overlap",
+        ("larger_than_memory/disk_tier_overlap_avx2.json",),
+        (
+            "python benchmarks/disk_tier_overlap.py --build-layers 4 "
+            f"--work-dir {CHECKPOINTS}/dto --arms before,no-overlap,after --memory-budget 40% "
+            "--tokens 48 --prompt-tokens 64 --rounds 4 "
+            f"--out {RESULTS_DIR}/larger_than_memory/disk_tier_overlap_avx2.json --force",
+        ),
+        10,
+    ),
+    Result(  # the same, with the chunked reads' option (1 MiB chunks, 8 in flight)
+        "disk-tier-chunks",
+        ("larger_than_memory/disk_tier_chunks_avx2.json",),
+        (
+            "python benchmarks/disk_tier_overlap.py --build-layers 4 "
+            f"--work-dir {CHECKPOINTS}/dto --arms before,after,chunks --memory-budget 40% "
+            "--tokens 48 --prompt-tokens 64 --rounds 4 "
+            f"--out {RESULTS_DIR}/larger_than_memory/disk_tier_chunks_avx2.json --force",
+        ),
+        10,
+    ),
     Result(
         "serve-batch",
         ("serve_batch_demo.json",),

@@ -12,15 +12,24 @@ and a copy into a slot is a read from the file.
               ranges, found from the mapped model's own views (`SafetensorsFile.offset_of`).
               The dense weights stay mapped and resident, as in memory; the experts' mapped
               pages are never touched
-    runs      an expert's tensors grouped into runs of pages they share, each read whole as its
-              4096-aligned superset: one pread per run, O_DIRECT where the file system takes it
-              (else buffered, dropped from the page cache after: POSIX_FADV_DONTNEED)
+    runs      an expert's tensors grouped into runs of pages they share, each read as its
+              4096-aligned superset (whole, or in chunks of `chunk_bytes`), O_DIRECT where the
+              file system takes it (else buffered, dropped from the page cache after:
+              POSIX_FADV_DONTNEED)
     slots     one anonymous mapping (page-aligned, touched once) of S slots of `stride` bytes
               (the largest expert's runs): nothing is allocated per read. A slot's weights are
               views at its expert's offsets, set once its read has completed and been checked
-    threads   the link keeps `io_threads` reads in flight (on-demand fetches ahead of
-              prefetches: `tiers.Link`); os.preadv releases the GIL
-    checks    crc32 of each expert's bytes at its first read, compared at every later one, and
+    threads   the link reads `io_threads` experts at a time (on-demand fetches ahead of
+              prefetches: `tiers.Link`); with `read_depth` > 1 their chunks are read that many
+              at a time (a layer misses 2-3 experts: more requests in flight for a disk that
+              wants them; off by default, as on a 2-core AVX2 host the chunks cut the stall
+              by a third but their threads took as much from the compute:
+              benchmarks/disk_tier_overlap.py); os.preadv releases the GIL
+    overlap   the backend asks the executor to compute on arrival (`compute_on_arrival`): a
+              layer's cached experts run while its misses are read, the misses once in, so
+              the decode loop waits only for what has not arrived when it is needed
+    checks    a checksum of each expert's bytes at its first read (`expert_checksum`: 64 bits,
+              position-sensitive by page, at memory speed), compared at every later one, and
               the file's size and mtime at every read: a file that changed is a one-line error
               naming the file and the expert, never a wrong token
 
@@ -36,8 +45,7 @@ import mmap
 import os
 import threading
 import time
-import zlib
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor, wait
 
 import numpy as np
 import torch
@@ -50,7 +58,9 @@ from moespec.offload.engine.tiers import CopyJob, _WallTimer
 
 PAGE = 4096  # O_DIRECT's alignment of offsets, lengths and buffers (the common block size)
 MARGIN = 512 << 20  # what the default budget leaves free beside the dense weights
-IO_THREADS = 4
+IO_THREADS = 4  # experts read at a time by the link
+READ_DEPTH = 1  # chunk reads in flight for the experts being read (1: in the link thread)
+CHUNK_BYTES = None  # an expert's runs are read in chunks of this size (None: whole)
 
 
 class DiskTierError(OSError):
@@ -196,6 +206,34 @@ class DiskLayout:
         return _rebuilt(gate_up, tensors[: self.split]), _rebuilt(down, tensors[self.split :])
 
 
+_MASK, _MIX = (1 << 64) - 1, 0x9E3779B97F4A7C15  # 64-bit words; an odd multiplier
+# each 4 KiB page's weight in `expert_checksum`: fixed odd 64-bit numbers
+_PAGE_WEIGHTS = np.random.default_rng(53).integers(0, 1 << 63, 1 << 16, dtype=np.uint64) * 2 + 1
+
+
+def expert_checksum(data: memoryview) -> int:
+    """A 64-bit checksum of `data` that moves with any change of its bytes or of their pages'
+    order: each 4 KiB page's 64-bit words added (mod 2^64), the pages' sums weighted by fixed
+    odd numbers, and the tail bytes. One numpy pass that releases the GIL, at memory speed (4x
+    zlib.crc32 measured on 6 MB experts), so that the link's checks leave the CPU to the
+    compute they overlap."""
+    body = len(data) // 8
+    words = np.frombuffer(data, dtype=np.uint64, count=body)  # [words]
+    pages = np.add.reduceat(words, np.arange(0, body, PAGE // 8)) if body else words
+    if len(pages) > len(_PAGE_WEIGHTS):
+        raise ValueError(f"expert_checksum takes at most {len(_PAGE_WEIGHTS)} pages")
+    total = int(np.dot(pages, _PAGE_WEIGHTS[: len(pages)]))
+    tail = int.from_bytes(data[body * 8 :], "little")
+    return (total * _MIX + tail + len(data)) & _MASK
+
+
+def _chunks(length: int, chunk: int | None) -> list[tuple[int, int]]:
+    """[(start, end)] of `length` bytes cut into reads of `chunk` bytes (the last shorter)."""
+    if chunk is None:
+        return [(0, length)]
+    return [(at, min(at + chunk, length)) for at in range(0, length, chunk)]
+
+
 def _nbytes(dtype, shape) -> int:
     return torch.empty((), dtype=dtype).element_size() * int(np.prod(shape))
 
@@ -242,8 +280,9 @@ class DiskBackend:
     device = torch.device("cpu")
     plain_slots = False
 
-    def __init__(self, io_threads: int):
+    def __init__(self, io_threads: int, on_arrival: bool = True):
         self.link_threads = io_threads
+        self.compute_on_arrival = on_arrival  # the executor computes hits while reads run
 
     def copy(self, pool: RamSlots, job: CopyJob, source: "_DiskLayer") -> None:
         source.store.read(source.layer, job.expert, pool, job.slot)
@@ -269,11 +308,24 @@ class _DiskLayer:
 class DiskStore:
     """Every expert, in the converted file: `read` fills a slot, `compute` is the CPU tier."""
 
-    def __init__(self, layout: DiskLayout, *, io_threads: int = IO_THREADS):
+    def __init__(
+        self,
+        layout: DiskLayout,
+        *,
+        io_threads: int = IO_THREADS,
+        read_depth: int = READ_DEPTH,
+        chunk_bytes: int | None = CHUNK_BYTES,
+        on_arrival: bool = True,
+    ):
         if io_threads < 1:
             raise ValueError(f"io_threads must be >= 1, got {io_threads}")
+        if read_depth < 1:
+            raise ValueError(f"read_depth must be >= 1, got {read_depth}")
+        if chunk_bytes is not None and (chunk_bytes < PAGE or chunk_bytes % PAGE):
+            raise ValueError(f"chunk_bytes must be a multiple of {PAGE} bytes, got {chunk_bytes}")
         self.layout, self.path = layout, layout.path
-        self.backend = DiskBackend(io_threads)
+        self.backend = DiskBackend(io_threads, on_arrival)
+        self.chunk_bytes = chunk_bytes
         self.num_layers, self.num_experts = layout.num_layers, layout.num_experts
         self.bytes_per_expert = layout.stride  # w: what a cached expert takes of the budget
         self.layers = [_DiskLayer(self, l) for l in range(self.num_layers)]
@@ -290,8 +342,11 @@ class DiskStore:
         like = layout.layers[0]  # the shapes of a layer's stacked experts (meta)
         self._stacked = (like.gate_up.to("meta"), like.down.to("meta"))
         self._io = ThreadPoolExecutor(io_threads, thread_name_prefix="moespec-disk-io")
+        self._chunks = None  # one expert's chunks in flight together (depth 1: one at a time)
+        if read_depth > 1:
+            self._chunks = ThreadPoolExecutor(read_depth, thread_name_prefix="moespec-disk-chunk")
         self._lock = threading.Lock()  # guards the checksums and the counts
-        self._checksum = np.zeros((self.num_layers, self.num_experts), dtype=np.uint32)
+        self._checksum = np.zeros((self.num_layers, self.num_experts), dtype=np.uint64)
         self._seen = np.zeros((self.num_layers, self.num_experts), dtype=bool)
         self.bytes_read = self.reads = self.experts_read = 0
         self.read_seconds = self.read_through_seconds = 0.0
@@ -309,33 +364,36 @@ class DiskStore:
 
     # Reads.
     def read(self, l: int, e: int, slots: RamSlots, slot: int) -> None:
-        """Expert e of MoE layer l into `slot`: read, checked, then its weights set."""
+        """Expert e of MoE layer l into `slot`: read (its chunks in parallel), checked, then
+        its weights set."""
         start, base = time.perf_counter(), slot * slots.stride
-        nbytes = calls = 0
-        for file_start, length, offset, needed in self.layout.runs[l][e]:
-            target = slots.view[base + offset : base + offset + length]
-            done = 0
-            while done < length:
-                try:
-                    got = os.preadv(self.fd, [target[done:]], file_start + done)
-                except OSError as error:
-                    raise DiskTierError(
-                        f"{self.path}: reading {self._expert(l, e)} at byte {file_start + done} "
-                        f"failed: {error.strerror}"
-                    ) from None
-                calls += 1
-                done += max(got, 0)
-                if got <= 0 or (self.direct and got % PAGE):
-                    break  # the end of the file
-            if done < needed:
+        chunks = [  # (run, file start, slot bytes)
+            (run, file_start + at, slots.view[base + offset + at : base + offset + end])
+            for run, (file_start, length, offset, _) in enumerate(self.layout.runs[l][e])
+            for at, end in _chunks(length, self.chunk_bytes)
+        ]
+        if self._chunks is None or len(chunks) == 1:
+            got = [self._pread(l, e, file_start, target) for _, file_start, target in chunks]
+        else:
+            got = self._parallel(l, e, chunks)
+        runs = self.layout.runs[l][e]
+        done, nbytes, calls = [0] * len(runs), 0, 0
+        short = set()  # runs that ended early: what follows their short chunk is not theirs
+        for (run, _, target), (count, tries) in zip(chunks, got, strict=True):
+            if run not in short:
+                done[run] += count
+                if count < len(target):
+                    short.add(run)
+            nbytes, calls = nbytes + count, calls + tries
+        for (file_start, length, _, needed), count in zip(runs, done, strict=True):
+            if count < needed:
                 raise DiskTierError(
-                    f"{self.path} ended at byte {file_start + done} while reading "
+                    f"{self.path} ended at byte {file_start + count} while reading "
                     f"{self._expert(l, e)} (it needs bytes up to {file_start + needed}): the "
                     "file was truncated"
                 )
             if not self.direct:  # the RAM cache is the only copy kept
                 os.posix_fadvise(self.fd, file_start, length, os.POSIX_FADV_DONTNEED)
-            nbytes += done
         seconds = time.perf_counter() - start
         self._check(l, e, slots, base)
         slots.place(slot, self.layout.weights_at(slots.memory, base, l, e))
@@ -344,6 +402,34 @@ class DiskStore:
             self.reads += calls
             self.experts_read += 1
             self.read_seconds += seconds
+
+    def _parallel(self, l: int, e: int, chunks: list) -> list[tuple[int, int]]:
+        """`_pread` of every chunk, up to `read_depth` in flight; every one has finished
+        (none still writes into the slot) before a failure is raised."""
+        futures = [self._chunks.submit(self._pread, l, e, at, target) for _, at, target in chunks]
+        wait(futures)
+        for future in futures:
+            if future.cancelled():  # closed while reading
+                raise DiskTierError(f"{self.path}: closed while reading {self._expert(l, e)}")
+        return [future.result() for future in futures]
+
+    def _pread(self, l: int, e: int, file_start: int, target: memoryview) -> tuple[int, int]:
+        """(bytes read, calls) of `target`'s bytes from `file_start`: fewer only at the end of
+        the file."""
+        done = calls = 0
+        while done < len(target):
+            try:
+                got = os.preadv(self.fd, [target[done:]], file_start + done)
+            except OSError as error:
+                raise DiskTierError(
+                    f"{self.path}: reading {self._expert(l, e)} at byte {file_start + done} "
+                    f"failed: {error.strerror}"
+                ) from None
+            calls += 1
+            done += max(got, 0)
+            if got <= 0 or (self.direct and got % PAGE):
+                break  # the end of the file
+        return done, calls
 
     def _check(self, l: int, e: int, slots: RamSlots, base: int) -> None:
         """The file as it was opened, and the expert's bytes as at its first read."""
@@ -356,14 +442,15 @@ class DiskStore:
         checksum = 0
         for place, (dtype, shape) in zip(self.layout.places[l][e], self.layout.specs, strict=True):
             start = base + place
-            checksum = zlib.crc32(slots.view[start : start + _nbytes(dtype, shape)], checksum)
+            data = slots.view[start : start + _nbytes(dtype, shape)]
+            checksum = (checksum * _MIX + expert_checksum(data)) & _MASK
         with self._lock:
             if not self._seen[l, e]:
                 self._checksum[l, e], self._seen[l, e] = checksum, True
             elif self._checksum[l, e] != checksum:
                 raise DiskTierError(
                     f"{self.path}: {self._expert(l, e)} read other bytes than at its first read "
-                    f"(crc32 {checksum:08x}, first {int(self._checksum[l, e]):08x}): the file "
+                    f"(checksum {checksum:016x}, first {int(self._checksum[l, e]):016x}): the file "
                     "changed underneath"
                 )
 
@@ -422,9 +509,9 @@ class DiskStore:
 
     def close(self) -> None:
         """Stop the staging reads (those queued are dropped) and close the file."""
-        io = getattr(self, "_io", None)
-        if io is not None:
-            io.shutdown(wait=True, cancel_futures=True)
+        for pool in (getattr(self, "_io", None), getattr(self, "_chunks", None)):
+            if pool is not None:
+                pool.shutdown(wait=True, cancel_futures=True)
         if self.fd is not None:
             os.close(self.fd)
             self.fd = None

@@ -13,6 +13,9 @@ l of the pass, once the router has named its experts E_l with slot counts c_e (s
     compute   in parallel: the CPU experts on a worker thread, from the host store (inline when
               the device is the CPU itself: one processor, a thread adds only its hand-off); the
               accelerator experts from their slots, each waiting for its copy if still arriving
+              (on arrival, the disk tier's way: the cached experts' pairs first, then the CPU
+              tier's, then each arriving expert's once its copy is in: the copies overlap the
+              compute, and the loop waits only for what has not arrived when it is needed)
     combine   y = accelerator part + CPU part
     feedback  policy.end_layer, then policy.observe_layer(the measured LayerTiming)
 
@@ -31,6 +34,7 @@ in-memory one. A pass split across tiers runs each tier's (token, slot) pairs as
 expert each, then adds each token's m weighted outputs: equal up to the rounding of that sum.
 """
 
+import contextlib
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -40,6 +44,7 @@ import numpy as np
 import torch
 
 from moespec.kernels import get_kernel
+from moespec.kernels import threads as kernel_threads
 from moespec.kernels.linear import linear
 from moespec.offload.driver import (
     LayerDriver,
@@ -95,7 +100,9 @@ class OffloadEngine:
     device: "cpu", "cuda[:N]" (or a backend of moespec.offload.engine.tiers); cpu_workers: threads
     computing the CPU experts; record: keep a log of pins and evictions (for tests);
     store: a store of the experts' own (the disk tier, moespec.offload.engine.disk) in place of
-    the model's tensors in host memory: it brings its backend, its slots and its CPU tier.
+    the model's tensors in host memory: it brings its backend, its slots and its CPU tier;
+    on_arrival: compute a layer whose copies are still arriving in groups, each as it is ready
+    (None: as the backend prefers, `compute_on_arrival`; a CPU device only).
     """
 
     def __init__(
@@ -110,6 +117,7 @@ class OffloadEngine:
         cpu_workers: int = 1,
         record: bool = False,
         store=None,
+        on_arrival: bool | None = None,
     ):
         if cpu_workers < 1:
             raise ValueError(f"cpu_workers must be >= 1, got {cpu_workers}")
@@ -120,6 +128,11 @@ class OffloadEngine:
             self.store = ExpertStore([experts[i] for i in self.layer_indices], self.backend)
         else:
             self.backend, self.store = store.backend, store
+        if on_arrival is None:
+            on_arrival = getattr(self.backend, "compute_on_arrival", False)
+        if on_arrival and self.backend.device.type != "cpu":
+            raise ValueError("computing experts on arrival runs on a CPU device only")
+        self.on_arrival = on_arrival
         w, layers, n = self.store.bytes_per_expert, self.store.num_layers, self.store.num_experts
         expert_cache_budget(self.store.total_bytes, w, nbytes=budget_bytes)  # one expert at least
         self.budget_bytes = int(budget_bytes)
@@ -348,6 +361,8 @@ class OffloadEngine:
     # Outside the lock: the compute.
     def _compute(self, l, x, ids, expert_ids, expert_weights, kernel, work: _Work):
         """(y [T, H], timing pieces): the accelerator experts here, the CPU ones on a worker."""
+        if self.on_arrival and work.waits:
+            return self._compute_on_arrival(l, x, ids, expert_weights, kernel, work)
         if len(work.cpu) == 0:  # all on the accelerator: the in-memory kernel on slot ids
             slot_ids = torch.from_numpy(work.slots[ids])  # [T, m]
             y, acc_timer, waited = self._accelerator(x, slot_ids, expert_weights, kernel, work)
@@ -396,12 +411,55 @@ class OffloadEngine:
         start = time.perf_counter()
         for job in work.waits:
             self._await(job)
-        waited = time.perf_counter() - start
+        waited = time.perf_counter() - start if work.waits else 0.0  # stalls on misses only
         device = self.backend.device
         with self.backend.timer() as timer:
             y = kernel(x.to(device), slot_ids.to(device), weights.to(device), self.pool.weights)
         self.backend.used(work.slots[work.accelerator])
         return y, timer, waited
+
+    def _compute_on_arrival(self, l, x, ids, expert_weights, kernel, work: _Work):
+        """(y [T, H], timing pieces) of a layer whose copies are arriving, on the CPU: the
+        cached experts' (token, slot) pairs first, then the CPU tier's, then the arriving
+        experts': once the first queued is in, those in by then, in one call (a call more
+        costs a thread fork, milliseconds on a busy 2-core host); each group as rows of one
+        expert each, then each token's m weighted outputs added, as a split pass does."""
+        num_tokens, top_k = ids.shape
+        flat = ids.reshape(-1)  # [T m], pair p = (token p // m, slot p % m)
+        pair_weights = expert_weights.reshape(-1, 1)  # [T m, 1]
+        out = x.new_empty(num_tokens * top_k, x.shape[1])  # [T m, H]
+        on_cpu = np.isin(flat, work.cpu)
+        later = np.isin(flat, [job.expert for job in work.waits])  # pairs of arriving experts
+        timer = _SummedTimer()
+
+        def in_slots(pairs: np.ndarray, reading: bool) -> None:
+            if len(pairs) == 0:
+                return
+            index = torch.from_numpy(pairs)
+            slot_ids = torch.from_numpy(work.slots[flat[pairs]][:, None])  # [P, 1]
+            with self.backend.timer() as each, _one_thread(reading):
+                rows = x[index // top_k]
+                out[index] = kernel(rows, slot_ids, pair_weights[index], self.pool.weights)
+            timer.add(each)
+
+        in_slots(np.flatnonzero(~on_cpu & ~later), reading=True)
+        cpu_seconds, cpu_pairs = 0.0, np.flatnonzero(on_cpu)
+        if len(cpu_pairs):
+            start, index = time.perf_counter(), torch.from_numpy(cpu_pairs)
+            pair_ids = torch.from_numpy(flat[cpu_pairs, None])
+            args = (x[index // top_k], pair_ids, pair_weights[index])
+            out[index], end = self._cpu(self.store, kernel, l, *args)
+            cpu_seconds = end - start
+        waited, arriving = 0.0, list(work.waits)
+        while arriving:  # the first queued, with every other one in by then: one kernel call
+            start = time.perf_counter()
+            self._await(arriving[0])
+            waited += time.perf_counter() - start
+            arrived = [job for job in arriving if job.wait_issued(0)]
+            arriving = [job for job in arriving if job not in arrived]
+            in_slots(np.flatnonzero(np.isin(flat, [job.expert for job in arrived])), bool(arriving))
+        y = out.view(num_tokens, top_k, -1).sum(dim=1)  # [T, H]
+        return y, (cpu_seconds, len(cpu_pairs), timer, waited)
 
     @staticmethod
     def _cpu(store, kernel, l, x, expert_ids, expert_weights):
@@ -451,6 +509,37 @@ class OffloadEngine:
         link = self.link
         if link is not None and link.waiting and (link.fetches or self.policy.has_prefetch()):
             self.lock.notify_all()
+
+
+@contextlib.contextmanager
+def _one_thread(reading: bool):
+    """The kernel's products on one thread while reads are in flight: the link's threads wake
+    on the other core, and a product forked over two threads then waits for the scheduler at
+    its barrier (`moespec.kernels.threads`: 3-10x slower; an expert call measured 4x on a
+    loaded 2-core host). The pass's setting is the kernels' thread-local one."""
+    if not reading:
+        yield
+        return
+    state = kernel_threads._state
+    available = getattr(state, "available", None)
+    state.available = 1
+    try:
+        yield
+    finally:
+        state.available = available
+
+
+class _SummedTimer:
+    """The kernel time of a layer computed in several calls."""
+
+    def __init__(self):
+        self.total = 0.0
+
+    def add(self, timer) -> None:
+        self.total += timer.seconds()
+
+    def seconds(self) -> float:
+        return self.total
 
 
 def _warm_up(experts) -> None:
