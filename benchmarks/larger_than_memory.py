@@ -401,7 +401,7 @@ def moespec_run(job: dict) -> dict:
             job["reference"], len(prompt), job["acceptance"], model.config.vocab_size,
             job["seed"], positional=True,
         )  # fmt: skip
-        extra = dict(drafter=drafter, draft_policy=DraftLengthPolicy(k))
+        extra.update(drafter=drafter, draft_policy=DraftLengthPolicy(k))  # the sink stays
     try:
         stream = generate(
             model, prompt, max_tokens=job["tokens"], kernels=KernelPolicy(job["kernel"]),
@@ -739,6 +739,7 @@ def run(args) -> int:
                     "llama.cpp": "model routing only (it cannot be forced)",
                 },
                 "direct_read_bandwidth": bandwidth,
+                "engine": engine_facts(),
                 "results": results,
                 "targets": targets,
                 "provenance": provenance(settings={"threads": args.threads}),
@@ -755,6 +756,22 @@ def run(args) -> int:
         if built and not args.keep:
             for path in built:
                 shutil.rmtree(path, ignore_errors=True) if path.is_dir() else path.unlink(True)
+
+
+def engine_facts() -> dict:
+    """How the disk tier that ran reads and computes, from its module's own settings (the
+    simulator models the engine a result says it was measured on; a result without this
+    block predates it: crc32 checks, a layer's experts computed once all had arrived)."""
+    from moespec.offload.engine import disk
+
+    backend = disk.DiskBackend(disk.IO_THREADS)
+    return {
+        "checksum": "page-sum" if hasattr(disk, "expert_checksum") else "crc32",
+        "compute_while_reading": bool(getattr(backend, "compute_on_arrival", False)),
+        "io_threads": disk.IO_THREADS,
+        "read_depth": getattr(disk, "READ_DEPTH", 1),
+        "chunk_bytes": getattr(disk, "CHUNK_BYTES", None),
+    }
 
 
 def traces_dir(out: Path) -> Path:

@@ -7,10 +7,14 @@ RESULT.json is a benchmarks/larger_than_memory.py result. The disk profile is fi
 (`moespec.offload.sim.disk_tier.DiskProfileFit`) from what was measured apart from the
 offloaded arms' tokens/s: the result's direct-read probe, its in-memory arm's time per token
 (the same routing source), and the engine's own costs timed here (`measure_engine_costs`: its
-kernel per expert slot, a call's fixed time, an expert's crc32), or read from --costs (this
-script's own output, to refit without timing again). Every disk arm is then simulated with
-the measured run's settings: the model's shapes, its expert slots, the policy, the draft
-length and accepted drafts of every step, the prompt as the fit split, and the same routing:
+kernel per expert slot, a call's fixed time, an expert's checksum), or read from --costs (this
+script's own output, to refit without timing again). The engine modelled is the one the result
+says it ran on (its "engine" block, `disk_tier.engine_of`; a result without one ran before the
+engine computed on arrival): its checksum is the one timed, its order of reads and compute the
+profile's (`await_all_copies` before, `compute_while_reading` since). Every disk arm is then
+simulated with the measured run's settings: the model's shapes, its expert slots, the policy,
+the draft length and accepted drafts of every step, the prompt as the fit split, and the same
+routing:
 
     replay   the result's synthetic trace, rebuilt from its settings (seed, rho(2), skew) by
              the benchmark's own function and checked against the rho(2) it recorded (or
@@ -65,9 +69,18 @@ def oracle_accepted(seed: int, acceptance: float, reference_tokens: int, k: int)
     return steps
 
 
-def engine_costs(args, data: dict, shape) -> dict:
+def engine_costs(args, data: dict, shape, engine: dict) -> dict:
+    """The engine's costs: timed here with the result's engine's checksum, or read from an
+    earlier output (refused where it timed another checksum)."""
     if args.costs is not None:
-        return json.loads(args.costs.read_text())["engine_costs"]
+        costs = json.loads(args.costs.read_text())["engine_costs"]
+        timed = costs.get("checksum", "crc32")  # outputs before the engine block timed crc32
+        if timed != engine["checksum"]:
+            raise SystemExit(
+                f"{args.costs} timed the {timed} checksum; the result's engine takes "
+                f"{engine['checksum']}: time the costs here instead"
+            )
+        return costs
     import torch
 
     from moespec.offload.sim.disk_tier import measure_engine_costs
@@ -79,6 +92,7 @@ def engine_costs(args, data: dict, shape) -> dict:
         data["model"]["expert_slot_bytes"],
         kernel=data["settings"]["kernel"],
         top_k=data["model"]["top_k"],
+        checksum=engine["checksum"],
     )
 
 
@@ -197,7 +211,8 @@ def main(argv=None) -> int:
         model["num_experts"],
     )
     shape = get_shape(data["routing"]["replay"]["matched_shape"])
-    costs = engine_costs(args, data, shape)
+    engine = dt.engine_of(data)
+    costs = engine_costs(args, data, shape, engine)
     traces = traces_for(args, data, bench)
     prompt = data["prompt_tokens"]
     k = data["decoding"]["draft_length"]
@@ -220,7 +235,9 @@ def main(argv=None) -> int:
                 checksum_seconds=costs["checksum_seconds"],
                 threads=settings["threads"],
             )
-            fits[source] = dt.DiskProfileFit().fit(measurements)
+            fits[source] = dt.DiskProfileFit(
+                compute_while_reading=engine["compute_while_reading"]
+            ).fit(measurements)
         found = traces.get(source)
         if source == "model":
             found = (found or {}).get(name)
@@ -280,6 +297,7 @@ def main(argv=None) -> int:
                 "kernel_threads": args.kernel_threads,
                 "costs": "read from an earlier output" if args.costs else "timed here",
             },
+            "engine": engine,
             "engine_costs": costs,
             "profiles": {
                 s: {

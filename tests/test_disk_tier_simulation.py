@@ -12,7 +12,8 @@ import torch
 
 from moespec.offload import make_policy
 from moespec.offload.sim import disk_tier as dt
-from moespec.offload.sim.simulator import simulate
+from moespec.offload.sim.hardware import HardwareProfile
+from moespec.offload.sim.simulator import SimulationSettings, _Run, simulate
 
 ROOT = Path(__file__).resolve().parent.parent
 MIB = 1 << 20
@@ -136,3 +137,92 @@ def test_saved_traces_replay_in_the_simulator_with_the_measured_steps(tmp_path):
     result = simulate(trace, policy, fit.profile_, settings, rejected)
     assert result.steps == len(accepted)
     assert result.tokens == tokens - prompt - 1  # the decode tokens: the prefill emitted one
+
+
+# The engine's order since it computes on arrival (compute_while_reading), against the order
+# before it (await_all_copies), on cases worked by hand.
+W = 1000  # bytes per expert: a copy takes 1 s, a slot 0.25 s, a kernel call 0.1 s
+
+
+def _profile(**order):
+    return HardwareProfile(
+        name="hand", link_bandwidth=W / 1.0, link_latency=0.0, accelerator_bandwidth=1e15,
+        accelerator_flops=2 * W / 0.25, accelerator_expert_time=0.0, accelerator_memory=0.0,
+        cpu_bandwidth=W / 1.0, cpu_flops=2 * W / 0.25, cpu_expert_time=0.0, cpu_threads=1,
+        layer_time=0.5, kernel_call_time=0.1, tier_overlap=0.0, hidden_link=False,
+        link_cpu_share=0.0, **order,
+    )  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    "order, seconds, waited",
+    [
+        # step 1 (router out at 0.5): expert 2 resident, 0 read until 1.5. Before: the call
+        # after the copy, 1.5 + 0.1 + 2 x 0.25 = 2.1, idle 1.0. Since: 2 while 0 is read
+        # (0.5 + 0.35 = 0.85), idle to 1.5, then 0: 1.85. Step 2 (out at end + 0.5) the
+        # same with 0 resident and 1 read: before 2.6 -> 4.2, since 2.35 -> 3.7
+        ({"await_all_copies": True}, 4.2, 2.0),
+        ({"compute_while_reading": True}, 3.7, 2 * 0.65),
+    ],
+)
+def test_the_cached_experts_are_computed_while_the_misses_are_read(order, seconds, waited):
+    trace = dt.trace_of([[[2, 3]], [[0, 2]], [[0, 1]]], 4, W, [0])  # fit on token 0: 2, 3 in
+    settings = SimulationSettings(cache_ratio=1.0, draft_length=0, tokens=2, fit_tokens=1,
+                                  bytes_per_parameter=1.0, record=True)  # fmt: skip
+    policy = make_policy("lru").fit(trace.first_tokens(1))
+    result = simulate(trace, policy, _profile(**order), settings)
+    assert [list(layer["fetch"]) for layer in result.log["layers"]] == [[0], [1]]
+    assert result.seconds == pytest.approx(seconds, abs=1e-6)
+    assert result.stats.copy_wait_seconds == pytest.approx(waited, abs=1e-6)
+
+
+def test_on_arrival_the_cpu_tier_runs_after_the_cached_experts_and_misses_come_in_groups():
+    trace = dt.trace_of([[[0, 1]], [[2, 3]]], 4, W, [0])
+    settings = SimulationSettings(cache_ratio=1.0, draft_length=0, tokens=1, fit_tokens=1,
+                                  bytes_per_parameter=1.0)  # fmt: skip
+    run = _Run(trace, make_policy("lru"), _profile(compute_while_reading=True), settings)
+    experts, row = np.arange(4), np.array([1, 2, 1, 1])  # slots: 0.25, 0.5, 0.25, 0.25 s
+    run.cache.ready_at[0, experts] = [0.0, 1.2, 2.0, 3.0]  # router out at 1.0: 0 is in
+    busy, end, waited = run._on_arrival_time(0, experts, row, 1.0, cpu_busy=0.5)
+    # 0 while the others are read: 1.0 + 0.1 + 0.25 = 1.35; the CPU tier: 1.85; 1 is in:
+    # 1.85 + 0.1 + 0.5 = 2.45; 2 is in (3 is not): 2.8; idle to 3.0; 3: 3.35
+    assert (busy, end, waited) == pytest.approx((1.25, 3.35, 0.2), abs=1e-9)
+    run.cache.ready_at[0, experts] = 0.0  # nothing awaited: the CPU tier, then one call
+    assert run._on_arrival_time(0, experts, row, 1.0, cpu_busy=0.5) == pytest.approx(
+        (1.25, 1.0 + 0.5 + 0.1 + 1.25, 0.0), abs=1e-9
+    )
+    run.cache.ready_at[0, experts] = [1.5, 1.5, 4.0, 4.0]  # nothing in: no call before the CPU
+    busy, end, waited = run._on_arrival_time(0, experts, row, 1.0, cpu_busy=0.5)
+    # the CPU tier to 1.5, when 0 and 1 are in: 1.5 + 0.1 + 0.75 = 2.35; idle to 4.0; 2, 3
+    assert (end, waited) == pytest.approx((4.0 + 0.1 + 0.5, 4.0 - 2.35), abs=1e-9)
+
+
+def test_a_profile_takes_one_engines_order():
+    with pytest.raises(ValueError, match="set one"):
+        _profile(await_all_copies=True, compute_while_reading=True)
+    fit = dt.DiskProfileFit(compute_while_reading=True).fit(_measurements())
+    assert fit.profile_.compute_while_reading and not fit.profile_.await_all_copies
+
+
+def test_a_result_names_its_engine_and_one_without_is_the_engine_before():
+    assert dt.engine_of({}) == {"checksum": "crc32", "compute_while_reading": False}
+    bench = _script("larger_than_memory")
+    engine = dt.engine_of({"engine": bench.engine_facts()})
+    assert engine["checksum"] == "page-sum" and engine["compute_while_reading"]
+    with pytest.raises(ValueError, match="known"):
+        dt.engine_of({"engine": {"checksum": "md5"}})
+
+
+def test_the_engine_costs_time_the_results_checksum(tmp_path):
+    from moespec.offload.engine.disk import expert_checksum
+
+    assert dt.checksum_function("page-sum") is expert_checksum
+    costs = dt.measure_engine_costs(64, 32, 64 * 4096, top_k=2, repeats=3, store_experts=4)
+    assert costs["checksum"] == "page-sum" and costs["checksum_seconds"] > 0
+    sim = _script("simulate_disk_tier")
+    earlier = tmp_path / "costs.json"
+    earlier.write_text('{"engine_costs": {"slot_seconds": 1e-4}}')  # before: crc32, unnamed
+    args = argparse.Namespace(costs=earlier)
+    assert sim.engine_costs(args, {}, None, dt.OLD_ENGINE)["slot_seconds"] == 1e-4
+    with pytest.raises(SystemExit, match="crc32 checksum"):
+        sim.engine_costs(args, {}, None, {"checksum": "page-sum"})

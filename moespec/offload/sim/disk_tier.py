@@ -4,11 +4,13 @@ runs of `benchmarks/larger_than_memory.py` set up so that the simulator replays 
 The engine (`moespec.offload.engine.disk`) as the timing model sees it, one CPU for everything:
 
     link         expert reads from the converted file into RAM slots, `io_threads` in flight
-                 (O_DIRECT preadv of each expert's page-aligned runs, then a crc32 of its
-                 bytes): a sequential link of the aggregate bandwidth B and a latency per read
-                 lambda, both from the direct-read probe at the engine's depth (two block sizes:
-                 per read b / B_probe(b) = lambda + b / B); an expert costs `reads_per_expert`
-                 latencies. Its checksum's CPU time over the copy's is `link_cpu_share`
+                 (O_DIRECT preadv of each expert's page-aligned runs, then a checksum of its
+                 bytes: crc32 before the engine computed on arrival, its page-weighted word
+                 sum `expert_checksum` since): a sequential link of the aggregate bandwidth B
+                 and a latency per read lambda, both from the direct-read probe at the
+                 engine's depth (two block sizes: per read b / B_probe(b) = lambda + b / B);
+                 an expert costs `reads_per_expert` latencies. Its checksum's CPU time over
+                 the copy's is `link_cpu_share`
     accelerator  the RAM slots, computed by the engine's kernel on this CPU: the per-slot kernel
                  reads an expert's weights again for every (token, expert) slot, and the
                  benchmark decodes batch-invariant (each verify row with its one-token
@@ -19,9 +21,15 @@ The engine (`moespec.offload.engine.disk`) as the timing model sees it, one CPU 
     dense        the rest of a pass (attention, router, norms, the LM head), per layer and pass
                  token, from the in-memory arm's time per token less its expert slots and
                  kernel calls: L (dense + m slot_seconds + call_seconds) = in-memory s / token
-    overlap      the CPU tier inline, then the slots' one kernel call once every copy it waits
-                 for has arrived (`await_all_copies`); the policy's and driver's decisions on
-                 the clock (`decisions_on_clock`, timed as the simulator runs them)
+    overlap      the engine's order, by the engine a result was measured on (`engine_of`):
+                 before it computed on arrival, the CPU tier inline, then the slots' one
+                 kernel call once every copy it waits for has arrived (`await_all_copies`);
+                 since, where a layer awaits a copy, the experts already in their slots in
+                 one call while the misses are read (on one thread: the kernel's cost is
+                 timed at one), then the CPU tier, then the misses in calls of those arrived
+                 by the time the first still awaited is in (`compute_while_reading`). The
+                 policy's and driver's decisions on the clock (`decisions_on_clock`, timed
+                 as the simulator runs them)
 
 Every fitted figure is a measurement of its own (the probe, the in-memory arm, the kernel and
 the checksum timed apart): no tokens/s of an offloaded arm enters the fit, so those arms are
@@ -53,7 +61,7 @@ class DiskMeasurements:
     in_memory_token_seconds: float  # the in-memory arm: decode seconds per decode token
     slot_seconds: float  # the engine's kernel per (token, expert) slot at one row
     call_seconds: float  # the kernel's fixed time per call
-    checksum_seconds: float  # CPU time of one expert's crc32
+    checksum_seconds: float  # CPU time of one expert's checksum (the engine's)
     threads: int = 2
     sources: dict = field(default_factory=dict)  # where each figure comes from
 
@@ -62,13 +70,22 @@ class DiskProfileFit:
     """Fits a `HardwareProfile` of the disk tier (see the module docstring) to measurements.
 
     io_threads: the engine's reads in flight (the probe's depth read); reads_per_expert: the
-    reads one expert costs (its runs). fit(measurements) sets link_bandwidth_, read_latency_,
-    dense_seconds_ (per layer and pass token) and profile_; it returns self."""
+    reads one expert costs (its runs); compute_while_reading: the engine computes on arrival
+    (its order since then; False: the engine before, `await_all_copies`). fit(measurements)
+    sets link_bandwidth_, read_latency_, dense_seconds_ (per layer and pass token) and
+    profile_; it returns self."""
 
-    def __init__(self, io_threads: int = IO_THREADS, reads_per_expert: int = READS_PER_EXPERT):
+    def __init__(
+        self,
+        io_threads: int = IO_THREADS,
+        reads_per_expert: int = READS_PER_EXPERT,
+        *,
+        compute_while_reading: bool = False,
+    ):
         if io_threads < 1 or reads_per_expert < 1:
             raise ValueError("io_threads and reads_per_expert must be >= 1")
         self.io_threads, self.reads_per_expert = io_threads, reads_per_expert
+        self.compute_while_reading = compute_while_reading
 
     def fit(self, m: DiskMeasurements) -> "DiskProfileFit":
         self.link_bandwidth_, self.read_latency_ = probe_line(m.probe, self.io_threads)
@@ -103,7 +120,8 @@ class DiskProfileFit:
             decisions_on_clock=True,
             hidden_link=False,
             link_cpu_share=self.link_cpu_share_,
-            await_all_copies=True,
+            await_all_copies=not self.compute_while_reading,
+            compute_while_reading=self.compute_while_reading,
             note="disk -> RAM slots on this CPU (larger-than-memory engine), fitted",
             sources=tuple(
                 {
@@ -112,7 +130,7 @@ class DiskProfileFit:
                     "accelerator_flops": "the engine's kernel per slot at one row (q / F)",
                     "cpu_bandwidth": "the CPU tier reads through: the link's bandwidth",
                     "layer_time": "the in-memory arm less its expert slots and kernel calls",
-                    "link_cpu_share": "an expert's crc32 CPU time over its copy time",
+                    "link_cpu_share": "an expert's checksum CPU time over its copy time",
                     **m.sources,
                 }.items()
             ),
@@ -136,6 +154,24 @@ def probe_line(probe, depth: int) -> tuple[float, float]:
         return b1 / t1, 0.0
     bandwidth = (b2 - b1) / (t2 - t1) if t2 > t1 else b2 / t2
     return bandwidth, max(t1 - b1 / bandwidth, 0.0)
+
+
+# The engine a measured result ran on.
+OLD_ENGINE = {"checksum": "crc32", "compute_while_reading": False}  # before the "engine" block
+CHECKSUMS = ("crc32", "page-sum")
+
+
+def engine_of(result: dict) -> dict:
+    """How the disk tier of a larger-than-memory `result` read and computed: its "engine"
+    block (written since the engine computes on arrival), else the engine before it (crc32
+    checks, a layer computed once every copy had arrived)."""
+    engine = {**OLD_ENGINE, **(result.get("engine") or {})}
+    if engine["checksum"] not in CHECKSUMS:
+        raise ValueError(
+            f"the result's engine checks reads with {engine['checksum']!r}; known: "
+            f"{', '.join(CHECKSUMS)}"
+        )
+    return engine
 
 
 # The measured runs, replayed.
@@ -243,18 +279,20 @@ def measure_engine_costs(
     top_k: int = 8,
     repeats: int = 21,
     store_experts: int = 24,
+    checksum: str = "page-sum",
 ) -> dict:
     """The engine's own per-expert costs on this CPU, timed apart from any run: its `kernel`
     on int8 experts of the model's shape at one row, `top_k` experts a call against one
     (interleaved medians over a store of `store_experts`, successive calls taking successive
     experts, as the engine's calls read experts the cache does not hold): slot_seconds (per
     expert slot) and call_seconds (a call's fixed time); and checksum_seconds, the CPU time
-    of the crc32 the disk tier takes of each expert read (median of `repeats`)."""
+    of the `checksum` the disk tier takes of each expert read (median of `repeats`, over
+    the store's experts in turn, as the reads leave them in memory rather than the cache):
+    "crc32" (zlib's, the engine before it computed on arrival) or "page-sum"
+    (`expert_checksum`)."""
     import itertools
-    import os
     import statistics
     import time
-    import zlib
 
     import torch
 
@@ -283,17 +321,35 @@ def measure_engine_costs(
 
     times = _interleaved_medians({"one": call(1), "call": call(top_k)}, repeats)
     slot = (times["call"] - times["one"]) / (top_k - 1)
-    data = os.urandom(int(expert_bytes))
+    experts = None  # the kernel's store released: the checks' takes its place
+    check = checksum_function(checksum)
+    store = np.random.default_rng(0).integers(0, 256, count * int(expert_bytes), dtype=np.uint8)
+    data = [memoryview(part) for part in np.split(store, count)]  # [count] experts' bytes
+    check(data[-1])  # warm (the page-sum's weights, numpy's first call)
     checks = []
-    for _ in range(repeats):
+    for i in range(repeats):  # successive experts: bytes just read are in memory, not cache
         start = time.thread_time()
-        zlib.crc32(data)
+        check(data[i % count])
         checks.append(time.thread_time() - start)
     return {
         "slot_seconds": slot,
         "call_seconds": max(times["one"] - slot, 0.0),
         "checksum_seconds": statistics.median(checks),
+        "checksum": checksum,
         "kernel": kernel,
         "threads": torch.get_num_threads(),
         "medians_seconds": times,
     }
+
+
+def checksum_function(name: str):
+    """The disk tier's check of an expert's bytes by name (see CHECKSUMS)."""
+    if name == "crc32":
+        import zlib
+
+        return zlib.crc32
+    if name == "page-sum":
+        from moespec.offload.engine.disk import expert_checksum
+
+        return expert_checksum
+    raise ValueError(f"unknown checksum {name!r}; known: {', '.join(CHECKSUMS)}")

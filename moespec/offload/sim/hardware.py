@@ -10,7 +10,8 @@ A profile is what the timing model of `moespec.offload.sim.simulator` needs and 
                                           drafted token (launches, synchronisation, LM head)
     layer_token_time                      per layer and pass token beyond the first
     tier_overlap, decisions_on_clock      one processor for both tiers (this machine)
-    hidden_link, link_cpu_share, await_all_copies   a disk tier's engine (`sim.disk_tier`)
+    hidden_link, link_cpu_share, await_all_copies, compute_while_reading
+                                          a disk tier's engine (`sim.disk_tier`)
     offload_layer_time, _split_time       the offload engine's bookkeeping per layer pass
 
 Bandwidths are *effective* figures (what a copy or an expert kernel reaches), not datasheet
@@ -66,10 +67,14 @@ class HardwareProfile:
     # the share of a copy's time that occupies that processor (a disk read's checksum; 1:
     # the copy is the processor's own work, as a memory copy on `this-machine`), and whether
     # the accelerator's kernel starts only once every copy it waits for has arrived (one
-    # kernel call per layer, as the CPU engine makes it) rather than expert by expert.
+    # kernel call per layer, as the CPU engine makes it) rather than expert by expert; or,
+    # the disk tier's order since it computes on arrival (compute_while_reading): the experts
+    # already in RAM in one call while the misses are read, then the CPU tier, then the misses
+    # in calls of those arrived by the time the first still awaited is in.
     hidden_link: bool = True
     link_cpu_share: float = 1.0
     await_all_copies: bool = False
+    compute_while_reading: bool = False
     sources: tuple = ()  # (field, where its number comes from) pairs
 
     def __post_init__(self):
@@ -85,6 +90,11 @@ class HardwareProfile:
         for name in ("tier_overlap", "link_cpu_share"):
             if getattr(self, name) > 1:
                 raise ValueError(f"profile {self.name!r}: {name} must be in [0, 1]")
+        if self.await_all_copies and self.compute_while_reading:
+            raise ValueError(
+                f"profile {self.name!r}: await_all_copies and compute_while_reading are two "
+                "engines' orders: set one"
+            )
         if 0 < self.host_memory_bandwidth <= self.link_bandwidth:
             raise ValueError(
                 f"profile {self.name!r}: link_bandwidth ({self.link_bandwidth:.3g} B/s) must be "

@@ -53,7 +53,14 @@ draft and earlier layers; a copy holds its cache bytes from its start). Then, in
                  expert in order of arrival: G_l = max(G_l, arrival) + a_l(c); with the
                  profile's await_all_copies (a CPU engine's one kernel call per layer), G_l =
                  max(r_l + C_l, last arrival) + kappa + the sum of a_l over all its experts,
-                 the CPU tier first (the tiers' turns then in sequence: no min(...) term)
+                 the CPU tier first (the tiers' turns then in sequence: no min(...) term).
+                 With compute_while_reading (the disk tier computing on arrival), where a
+                 copy is still awaited at r_l: the experts in by r_l first, G = r_l + kappa
+                 + their a_l; then the CPU tier, G = G + C_l - r_l; then, while some are
+                 awaited, G = max(G, first awaited arrival) and the experts in by then in
+                 one call, G = G + kappa + their a_l (turns in sequence, as above); the wait
+                 is the sum of the max(...) terms' idle time. Without an awaited copy, the
+                 same sum as await_all_copies
     CPU          C_l = r_l + kappa + z + sum of g_l over the CPU experts, stretched by contention
     layer end    t_{l+1} = max(G_l, C_l) + epsilon + (1 - o) (min(G_l - r_l, C_l - r_l) + X_l)
                  (o: the profile's tier overlap, 1 for two devices; below 1 where one
@@ -214,6 +221,7 @@ class _Costs:
         self.hidden_bytes_per_token = 2 * s.hidden_size
         self.hidden_link, self.link_cpu_share = p.hidden_link, p.link_cpu_share
         self.await_all_copies = p.await_all_copies
+        self.compute_while_reading = p.compute_while_reading
         draft_bytes = s.draft_bytes_ratio * trace.num_experts * w.sum()
         self.draft_token = p.draft_token_time + draft_bytes / p.accelerator_bandwidth
 
@@ -427,12 +435,19 @@ class _Run:
                 overlap = min(link.busy_within(now, now + cpu_busy) / cpu_busy, 1.0)
                 cpu_busy += len(cpu) * costs.cpu_read[layer] * overlap * (costs.cpu_slowdown - 1)
         # await_all_copies: the CPU engine's order, its CPU tier inline, then the accelerator's
-        # one call (so the tiers' turns are already in sequence); else the tiers in parallel
-        serial = costs.await_all_copies
-        acc_start = now + cpu_busy if serial else now
-        acc_busy, acc_end = self._accelerator_time(layer, accelerator, row, acc_start)
-        called = costs.kernel_call if len(accelerator) else 0.0
-        waited = max(acc_end - acc_start - acc_busy - called, 0.0)  # idle for arrivals
+        # one call (so the tiers' turns are already in sequence); compute_while_reading: the
+        # disk tier's, the experts in RAM, the CPU tier, then the arrivals (in sequence too);
+        # else the tiers in parallel
+        serial = costs.await_all_copies or costs.compute_while_reading
+        if costs.compute_while_reading:
+            acc_busy, acc_end, waited = self._on_arrival_time(
+                layer, accelerator, row, now, cpu_busy
+            )
+        else:
+            acc_start = now + cpu_busy if serial else now
+            acc_busy, acc_end = self._accelerator_time(layer, accelerator, row, acc_start)
+            called = costs.kernel_call if len(accelerator) else 0.0
+            waited = max(acc_end - acc_start - acc_busy - called, 0.0)  # idle for arrivals
         self.driver.stats.copy_wait_seconds += waited
         end = max(acc_end, now + cpu_busy) + costs.bookkeeping
         if len(cpu) and len(accelerator):
@@ -492,6 +507,32 @@ class _Run:
         for a, t in zip(arrival[waiting][order], per_expert[waiting][order], strict=True):
             end = max(end, a) + t
         return float(per_expert.sum()), float(end)
+
+    def _on_arrival_time(self, layer, accelerator, row, now, cpu_busy):
+        """(kernel seconds, end, seconds idle for copies) of the accelerator experts computed
+        on arrival after the CPU tier's `cpu_busy` (see the module docstring), `now` the
+        router's output: the order of the disk tier's executor (`_compute_on_arrival`)."""
+        costs = self.costs
+        per_expert = costs.acc_expert[layer] + row[accelerator] * costs.acc_slot[layer]
+        arrival = self.cache.ready_at[layer, accelerator]
+        waiting = arrival > now
+        if not waiting.any():  # the engine's one pass: the CPU tier, then one call
+            called = costs.kernel_call if len(accelerator) else 0.0
+            return float(per_expert.sum()), float(now + cpu_busy + called + per_expert.sum()), 0.0
+        t = now
+        if not waiting.all():  # the experts in RAM, while the misses are read
+            t += costs.kernel_call + per_expert[~waiting].sum()
+        t += cpu_busy
+        order = np.argsort(arrival[waiting], kind="stable")  # the link's: copies in sequence
+        arrivals, times = arrival[waiting][order], per_expert[waiting][order]
+        waited, first = 0.0, 0
+        while first < len(arrivals):  # the first awaited, with every one in by then: one call
+            waited += max(float(arrivals[first]) - t, 0.0)
+            t = max(t, float(arrivals[first]))
+            last = int(np.searchsorted(arrivals, t, side="right"))
+            t += costs.kernel_call + times[first:last].sum()
+            first = last
+        return float(per_expert.sum()), float(t), waited
 
     def result(self) -> "SimulationResult":
         self.driver.check_budget()
