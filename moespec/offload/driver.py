@@ -37,7 +37,7 @@ class PlanError(RuntimeError):
     """A policy's layer plan does not compute every needed expert exactly once."""
 
 
-@dataclass
+@dataclass(slots=True)
 class OffloadStats:
     """Counts of an offload run (or of one step of it), the same for the simulator and engine."""
 
@@ -74,7 +74,7 @@ class OffloadStats:
         return {f.name: getattr(self, f.name) for f in fields(self)}
 
 
-@dataclass
+@dataclass(slots=True)
 class Placement:
     """Where one layer's experts run once the plan's fetches are settled."""
 
@@ -143,8 +143,9 @@ class LayerDriver:
     # One layer of a pass.
     def plan(self, layer: int, experts: np.ndarray, counts: np.ndarray, now: float, fetch):
         """Plan, check, pin and fetch; `fetch(layer, expert, now)` -> False when no room."""
-        if self.kernel is not None:  # plan, check (distinct ids in range) and pins in one call
-            accelerator, cpu, hits = self.kernel.plan(layer, experts, counts, now, True)
+        kernel = self.kernel
+        if kernel is not None:  # plan, check (distinct ids in range) and pins in one call
+            accelerator, cpu, hits = kernel.plan(layer, experts, counts, now, True)
             stats = self.stats
             stats.hits += hits
             stats.misses += len(experts) - hits
@@ -152,19 +153,22 @@ class LayerDriver:
             if self.log is not None:
                 self._log("pin", layer, np.sort(accelerator))
             return Placement(accelerator, cpu, EMPTY)
-        cache, stats = self.cache, self.stats
-        hits = int(cache.ready(layer, experts, now).sum())
+        cache, stats, log = self.cache, self.stats, self.log
+        hits = int(np.count_nonzero(cache.ready_at[layer][experts] <= now))  # cache.ready
         plan = self.policy.plan_layer(layer, experts, counts, now)
         stay = check_plan(plan, experts, cache.present[layer], layer)
-        cache.pinned[layer, stay] = True
-        self._log("pin", layer, stay)
+        pinned = cache.pinned[layer]  # a view of the layer's row
+        pinned[stay] = True
+        if log is not None:
+            self._log("pin", layer, stay)
         failed = []
         for e in plan.fetch.tolist():
-            cache.pinned[layer, e] = True
+            pinned[e] = True
             if fetch(layer, e, now):
-                self._log("pin", layer, [e])
+                if log is not None:
+                    self._log("pin", layer, [e])
             else:  # every cached expert is in use or arriving: run it on the CPU
-                cache.pinned[layer, e] = False
+                pinned[e] = False
                 failed.append(e)
         accelerator, cpu = plan.accelerator, plan.cpu
         if failed:
@@ -178,35 +182,41 @@ class LayerDriver:
         return Placement(accelerator, cpu, plan.fetch)
 
     def finish(self, layer, experts, counts, placement: Placement, timing: LayerTiming) -> None:
-        if self.kernel is not None:  # unpin, end_layer, observe_layer in one call
-            used = self.cache.used_bytes
-            self.kernel.finish(layer, experts, counts, placement.accelerator, timing, used)
+        kernel = self.kernel
+        if kernel is not None:  # unpin, end_layer, observe_layer in one call
+            kernel.finish(
+                layer, experts, counts, placement.accelerator, timing, self.cache.used_bytes
+            )
             if self.log is not None:
                 self._log("unpin", layer, placement.accelerator)
             return
-        self.cache.pinned[layer, placement.accelerator] = False
-        self._log("unpin", layer, placement.accelerator)
-        self.policy.end_layer(layer, experts, counts)
-        self.policy.observe_layer(timing)
+        self.cache.pinned[layer][placement.accelerator] = False
+        if self.log is not None:
+            self._log("unpin", layer, placement.accelerator)
+        policy = self.policy
+        policy.end_layer(layer, experts, counts)
+        policy.observe_layer(timing)
 
     # The cache's one door.
     def admit(self, layer: int, expert: int, kind: str, now: float) -> bool:
         """Make room (the policy's victims), insert (layer, expert) as copied from `now`."""
-        cache = self.cache
+        cache, policy, backend = self.cache, self.policy, self.backend
         while not cache.fits(layer):
-            victim = self.policy.choose_victim(layer, expert, now)
+            victim = policy.choose_victim(layer, expert, now)
             if victim is None:
                 return False
             vl, ve = int(victim[0]), int(victim[1])
             cache.evict(vl, ve, now=now)
-            self.backend.evicted(vl, ve)
-            self._log("evict", vl, [ve])
-        cache.insert(layer, expert, ready_at=self.backend.arrival(layer, now))
-        self.policy.admitted(layer, expert)
-        self.stats.copies += 1
-        self.stats.prefetches += kind == "prefetch"
-        self.stats.bytes_copied += int(cache.expert_bytes[layer])
-        self.backend.copy_started(layer, expert, kind)
+            backend.evicted(vl, ve)
+            if self.log is not None:
+                self._log("evict", vl, [ve])
+        cache.insert(layer, expert, ready_at=backend.arrival(layer, now))
+        policy.admitted(layer, expert)
+        stats = self.stats
+        stats.copies += 1
+        stats.prefetches += kind == "prefetch"
+        stats.bytes_copied += cache._sizes[layer]
+        backend.copy_started(layer, expert, kind)
         return True
 
     def pull(self, now: float) -> tuple[int, int] | None:

@@ -17,6 +17,7 @@ Call order per step: begin_step, then per layer: plan_layer, [choose_victim / ad
 copies start], end_layer, observe_layer; then end_step(accepted).
 """
 
+from array import array
 from dataclasses import dataclass
 
 import numpy as np
@@ -36,6 +37,7 @@ class ExpertCache:
 
     def __init__(self, expert_bytes, num_experts: int, budget_bytes: int):
         self.expert_bytes = np.asarray(expert_bytes, dtype=np.int64)  # [L]
+        self._sizes = self.expert_bytes.tolist()  # the same, as Python ints (quicker per call)
         self.num_layers = len(self.expert_bytes)
         self.num_experts = num_experts
         self.budget_bytes = int(budget_bytes)
@@ -52,7 +54,7 @@ class ExpertCache:
         return self.budget_bytes - self.used_bytes
 
     def fits(self, layer: int) -> bool:
-        return self.expert_bytes[layer] <= self.free_bytes
+        return self._sizes[layer] <= self.budget_bytes - self.used_bytes
 
     def capacity(self) -> int:
         """Experts the budget holds at the largest expert size (a conservative count)."""
@@ -61,15 +63,17 @@ class ExpertCache:
     def insert(self, layer: int, expert: int, ready_at: float = 0.0) -> None:
         if self.present[layer, expert]:
             raise CacheBudgetError(f"expert {expert} of layer {layer} is already cached")
-        if not self.fits(layer):
+        size = self._sizes[layer]
+        if size > self.budget_bytes - self.used_bytes:
             raise CacheBudgetError(
                 f"caching expert {expert} of layer {layer} would exceed the budget "
-                f"({self.used_bytes} + {self.expert_bytes[layer]} > {self.budget_bytes} bytes)"
+                f"({self.used_bytes} + {size} > {self.budget_bytes} bytes)"
             )
         self.present[layer, expert] = True
         self.ready_at[layer, expert] = ready_at
-        self.used_bytes += int(self.expert_bytes[layer])
-        self.peak_bytes = max(self.peak_bytes, self.used_bytes)
+        self.used_bytes += size
+        if self.used_bytes > self.peak_bytes:
+            self.peak_bytes = self.used_bytes
 
     def evictable(self, layer: int, expert: int, now: float) -> bool:
         return (
@@ -87,7 +91,7 @@ class ExpertCache:
             raise CacheBudgetError(f"expert {expert} of layer {layer} is still arriving")
         self.present[layer, expert] = False
         self.ready_at[layer, expert] = np.inf
-        self.used_bytes -= int(self.expert_bytes[layer])
+        self.used_bytes -= self._sizes[layer]
 
     def ready(self, layer: int, experts: np.ndarray, now: float) -> np.ndarray:
         """Bool mask over `experts`: resident and arrived by `now`."""
@@ -101,7 +105,7 @@ class LayerPlan:
     fetch: np.ndarray  # absent experts of `accelerator`, copied on demand (blocking)
 
 
-@dataclass
+@dataclass(slots=True)
 class LayerTiming:
     """What the caller measured for one layer of one pass (seconds and counts)."""
 
@@ -139,35 +143,44 @@ class UnitTimes:
         "drafted",
     )
 
+    _INDEX = {key: i for i, key in enumerate(_KEYS)}
+
     def __init__(self, num_layers: int):
-        self.sums = dict.fromkeys(self._KEYS, 0.0)
+        # The sums in _KEYS order: array('d')s are as quick as a dict from Python, and plain
+        # doubles to SpAc's C kernel, which adds to them in place (spac_kernel.make_state).
+        self.totals = array("d", [0.0] * len(self._KEYS))
         self.layer_seconds = np.zeros(num_layers)
         self.layer_passes = np.zeros(num_layers)
-        self.rest = [0.0, 0.0]  # time beyond the tiers' busy times: [one tier, both tiers]
-        self.rest_passes = [0, 0]
+        self.rest = array("d", [0.0, 0.0])  # beyond the tiers' busy times: [one tier, both]
+        self.rest_passes = array("d", [0.0, 0.0])
+
+    @property
+    def sums(self) -> dict[str, float]:
+        """The sums by name (a copy)."""
+        return dict(zip(self._KEYS, self.totals, strict=True))
 
     def observe_layer(self, t: LayerTiming) -> None:
         split = int(t.cpu_experts > 0 and t.accelerator_experts > 0)
         self.rest[split] += t.seconds - t.cpu_seconds - t.accelerator_seconds
         self.rest_passes[split] += 1
-        s = self.sums
-        s["cpu_seconds"] += t.cpu_seconds
-        s["cpu_slots"] += t.cpu_slots
-        s["cpu_experts"] += t.cpu_experts
-        s["acc_seconds"] += t.accelerator_seconds
-        s["acc_experts"] += t.accelerator_experts
-        s["copy_seconds"] += t.copy_seconds
-        s["copies"] += t.copies
+        s = self.totals  # in _KEYS order
+        s[0] += t.cpu_seconds
+        s[1] += t.cpu_slots
+        s[2] += t.cpu_experts
+        s[3] += t.accelerator_seconds
+        s[4] += t.accelerator_experts
+        s[5] += t.copy_seconds
+        s[6] += t.copies
         self.layer_seconds[t.layer] += t.seconds
         self.layer_passes[t.layer] += 1
 
     def observe_draft(self, seconds: float, drafted: int) -> None:
-        self.sums["draft_seconds"] += seconds
-        self.sums["drafted"] += drafted
+        self.totals[7] += seconds
+        self.totals[8] += drafted
 
     def _ratio(self, numerator: str, denominator: str) -> float | None:
-        d = self.sums[denominator]
-        return self.sums[numerator] / d if d > 0 else None
+        d = self.totals[self._INDEX[denominator]]
+        return self.totals[self._INDEX[numerator]] / d if d > 0 else None
 
     @property
     def cpu_per_slot(self) -> float | None:

@@ -35,12 +35,15 @@ class LRUPolicy(OffloadPolicy):
     name = "lru"
 
     def reset(self, cache, *, draft_length: int, top_k: int) -> None:
-        # Per layer: expert -> None, least recently used first.
+        # Per layer: expert -> None, least recently used first; and how many each holds.
         self._order = [OrderedDict() for _ in range(cache.num_layers)]
+        self._held = [0] * cache.num_layers
         super().reset(cache, draft_length=draft_length, top_k=top_k)
 
     def admitted(self, layer: int, expert: int) -> None:
-        self._order[layer][expert] = None
+        order = self._order[layer]
+        self._held[layer] += expert not in order
+        order[expert] = None
 
     def plan_layer(self, layer, experts, counts, now) -> LayerPlan:
         cached = self.cache.present[layer, experts]
@@ -53,19 +56,42 @@ class LRUPolicy(OffloadPolicy):
         victim = self._victim_in(layer, now)
         if victim is not None:
             return victim
-        fullest = sorted(range(len(self._order)), key=lambda lv: -len(self._order[lv]))
-        for victim_layer in fullest:
-            if (victim := self._victim_in(victim_layer, now)) is not None:
+        # The other layers, fullest first (ties: lower layer); `layer` has none to give. The
+        # fullest mostly has one: look there before ordering them all.
+        held = self._held
+        fullest = max(range(len(held)), key=held.__getitem__)  # the first of the fullest
+        if fullest != layer and (victim := self._victim_in(fullest, now)):
+            return victim
+        for victim_layer in sorted(range(len(held)), key=held.__getitem__, reverse=True):
+            if victim_layer not in (layer, fullest) and (
+                victim := self._victim_in(victim_layer, now)
+            ):
                 return victim
         return None
 
     def _victim_in(self, layer: int, now: float) -> tuple[int, int] | None:
+        """The least recently used expert of `layer` that can leave now (cache.evictable),
+        taken out of the order; None when none can."""
         order = self._order[layer]
-        for e in order:
-            if self.cache.evictable(layer, e, now):
-                del order[e]
-                return layer, e
-        return None
+        if not order:
+            return None
+        cache = self.cache
+        first = next(iter(order))  # most often the victim: one scalar check
+        if cache.evictable(layer, first, now):
+            victim = first
+        else:  # the layer's experts that can leave, at once; then the first of them in order
+            can = cache.ready_at[layer] <= now
+            can &= cache.present[layer]
+            can &= ~cache.pinned[layer]
+            if not can.any():
+                return None
+            can = can.tolist()
+            victim = next((e for e in order if can[e]), None)
+            if victim is None:
+                return None
+        del order[victim]
+        self._held[layer] -= 1
+        return layer, victim
 
 
 class StaticPolicy(OffloadPolicy):
@@ -113,31 +139,40 @@ class HybridPolicy(OffloadPolicy):
 
     def plan_layer(self, layer, experts, counts, now) -> LayerPlan:
         self._queue.clear()  # this layer's prefetches not started: the greedy decides them
-        cached = self.cache.present[layer, experts]
-        absent, absent_counts = experts[~cached], counts[~cached]
-        fetch = self._greedy_fetch(int(cached.sum()), absent[np.argsort(-absent_counts)])
-        on_cpu = np.setdiff1d(absent, fetch)
+        cached = self.cache.present[layer][experts]
+        missed = ~cached
+        absent, absent_counts = experts[missed], counts[missed]
+        hot = absent[np.argsort(-absent_counts)]
+        taken = self._greedy_fetch(len(experts) - len(absent), hot)  # positions in `hot`
+        fetch = hot[taken] if taken else EMPTY
+        if taken:  # the rest of the misses, in increasing id (as np.setdiff1d gives them)
+            left = np.ones(len(hot), dtype=bool)
+            left[taken] = False
+            on_cpu = np.sort(hot[left])
+        else:
+            on_cpu = np.sort(absent)
         self._prefetch_next(layer)
         return LayerPlan(
             accelerator=np.concatenate([experts[cached], fetch]), cpu=on_cpu, fetch=fetch
         )
 
-    def _greedy_fetch(self, cached: int, absent_hot_first: np.ndarray) -> np.ndarray:
+    def _greedy_fetch(self, cached: int, absent_hot_first: np.ndarray) -> list[int]:
+        """The positions in `absent_hot_first` of the misses to copy, in order."""
         t = self.unit_times
         gpu, cpu, io = t.accelerator_per_expert, t.cpu_per_expert, t.copy_per_expert
         if gpu is None or cpu is None or io is None:
-            return EMPTY  # nothing learned yet: misses run on the CPU
+            return []  # nothing learned yet: misses run on the CPU
         gpu_end, cpu_end, link_end, fetched = cached * gpu, 0.0, 0.0, []
-        for e in absent_hot_first:
+        for j in range(len(absent_hot_first)):
             via_link = max(max(gpu_end, link_end + io) + gpu, cpu_end)
             via_cpu = max(gpu_end, cpu_end + cpu)
             if via_link < via_cpu:
                 link_end += io
                 gpu_end = max(gpu_end, link_end) + gpu
-                fetched.append(int(e))
+                fetched.append(j)
             else:
                 cpu_end += cpu
-        return np.array(fetched, dtype=np.int64)
+        return fetched
 
     def _prefetch_next(self, layer: int) -> None:
         nxt = (layer + 1) % self.cache.num_layers
@@ -161,10 +196,13 @@ class HybridPolicy(OffloadPolicy):
 
     def choose_victim(self, layer, expert, now):
         c = self.cache
-        can_leave = c.present & ~c.pinned & (c.ready_at <= now)
-        if not can_leave.any():
+        can_leave = c.ready_at <= now
+        can_leave &= c.present
+        can_leave &= ~c.pinned
+        score = np.where(can_leave, self.scores, np.inf)
+        flat = int(score.argmin())
+        if score.flat[flat] == np.inf:  # nothing can leave (scores are finite)
             return None
-        flat = int(np.argmin(np.where(can_leave, self.scores, np.inf)))
         return divmod(flat, c.num_experts)
 
     def predicted_hot(self, layer: int) -> np.ndarray:

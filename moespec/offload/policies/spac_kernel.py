@@ -38,7 +38,7 @@ import numpy as np
 
 SOURCE = Path(__file__).with_name("spac_native.c")
 FLAGS = ["-O2", "-shared", "-fPIC", "-ffp-contract=off", "-std=gnu11"]
-VERSION = 1  # spac_native.VERSION of the source this module speaks to
+VERSION = 2  # spac_native.VERSION of the source this module speaks to
 REFERENCE_CODES = {"count": 0, "level": 1, "previous": 2}
 
 
@@ -156,7 +156,7 @@ def make_state(policy, cache):
         policy.tau,
     )
     unit_times = (
-        times.sums,
+        times.totals,
         times.rest,
         times.rest_passes,
         times.layer_seconds,

@@ -18,13 +18,9 @@
 #include <string.h>
 
 enum { REF_COUNT = 0, REF_LEVEL = 1, REF_PREVIOUS = 2 };
-/* UnitTimes.sums keys */
+/* UnitTimes.totals, in UnitTimes.KEYS order */
 enum { CPU_SECONDS, CPU_SLOTS, CPU_EXPERTS, ACC_SECONDS, ACC_EXPERTS, COPY_SECONDS, COPIES,
        DRAFT_SECONDS, DRAFTED, N_SUMS };
-static const char *SUM_NAMES[N_SUMS] = {"cpu_seconds", "cpu_slots", "cpu_experts",
-                                        "acc_seconds", "acc_experts", "copy_seconds",
-                                        "copies", "draft_seconds", "drafted"};
-static PyObject *sum_keys[N_SUMS];
 /* LayerTiming fields */
 enum { T_LAYER, T_SECONDS, T_CPU_SECONDS, T_CPU_SLOTS, T_CPU_EXPERTS, T_ACC_SECONDS,
        T_ACC_EXPERTS, T_COPY_SECONDS, T_COPIES, N_TIMING };
@@ -52,8 +48,11 @@ typedef struct {
     double *ready_at;
     int64_t *expert_bytes, *utility, *tau;
     double *previous, *theta_up, *theta_down, *slot_share, *expert_share, *distinct, *passes;
-    /* the unit times (UnitTimes: a dict of sums, two lists, two arrays) */
-    PyObject *sums, *rest, *rest_passes, *layer_seconds_obj, *layer_passes_obj;
+    /* the unit times (UnitTimes: three buffers of doubles, two arrays) */
+    Py_buffer sums_view, rest_view, rest_passes_view;
+    int views; /* buffers held */
+    double *sums, *rest, *rest_passes;
+    PyObject *layer_seconds_obj, *layer_passes_obj;
     double *layer_seconds, *layer_passes;
     long long choices, tau_sum, infeasible, none_hot, cancelled;
     /* the eviction pool */
@@ -181,10 +180,7 @@ static void queue_cancel_layer(State *s, Py_ssize_t l) {
 }
 
 /* ---- the unit times (base.UnitTimes) ---- */
-static double sum_of(State *s, int key) {
-    PyObject *v = PyDict_GetItemWithError(s->sums, sum_keys[key]);
-    return v ? PyFloat_AsDouble(v) : 0.0;
-}
+static double sum_of(State *s, int key) { return s->sums[key]; }
 
 /* numerator / denominator, or NAN where the denominator is not above 0 (Python's None) */
 static double ratio(State *s, int numerator, int denominator) {
@@ -192,22 +188,6 @@ static double ratio(State *s, int numerator, int denominator) {
     return d > 0 ? sum_of(s, numerator) / d : NAN;
 }
 
-static int add_to_sum(State *s, int key, double x) {
-    PyObject *v = PyFloat_FromDouble(sum_of(s, key) + x);
-    if (!v) return -1;
-    int rc = PyDict_SetItem(s->sums, sum_keys[key], v);
-    Py_DECREF(v);
-    return rc;
-}
-
-static int add_to_list(PyObject *list, Py_ssize_t k, PyObject *value) {
-    if (!value) return -1;
-    PyObject *total = PyNumber_Add(PyList_GET_ITEM(list, k), value);
-    Py_DECREF(value);
-    if (!total) return -1;
-    PyList_SetItem(list, k, total); /* steals total */
-    return 0;
-}
 
 static int observe_layer(State *s, PyObject *timing) {
     double t[N_TIMING];
@@ -219,16 +199,13 @@ static int observe_layer(State *s, PyObject *timing) {
         if (t[k] == -1.0 && PyErr_Occurred()) return -1;
     }
     int split = t[T_CPU_EXPERTS] > 0 && t[T_ACC_EXPERTS] > 0;
-    if (add_to_list(s->rest, split,
-                    PyFloat_FromDouble(t[T_SECONDS] - t[T_CPU_SECONDS] - t[T_ACC_SECONDS])) ||
-        add_to_list(s->rest_passes, split, PyLong_FromLong(1)))
-        return -1;
+    s->rest[split] += t[T_SECONDS] - t[T_CPU_SECONDS] - t[T_ACC_SECONDS];
+    s->rest_passes[split] += 1;
     static const int pairs[7][2] = {{CPU_SECONDS, T_CPU_SECONDS}, {CPU_SLOTS, T_CPU_SLOTS},
                                     {CPU_EXPERTS, T_CPU_EXPERTS}, {ACC_SECONDS, T_ACC_SECONDS},
                                     {ACC_EXPERTS, T_ACC_EXPERTS}, {COPY_SECONDS, T_COPY_SECONDS},
                                     {COPIES, T_COPIES}};
-    for (int k = 0; k < 7; k++)
-        if (add_to_sum(s, pairs[k][0], t[pairs[k][1]])) return -1;
+    for (int k = 0; k < 7; k++) s->sums[pairs[k][0]] += t[pairs[k][1]];
     Py_ssize_t layer = (Py_ssize_t)t[T_LAYER];
     if (layer < 0 || layer >= s->L) {
         PyErr_Format(PyExc_IndexError, "timing of layer %zd outside 0..%zd", layer, s->L - 1);
@@ -277,11 +254,9 @@ static long long choose_tau(State *s, Py_ssize_t l, long long used_bytes) {
     double window = layer_seconds + draft * (double)s->draft_length / (double)s->L;
     double io_capacity = has_copy ? window / per_copy : INFINITY;
     double split_seconds = 0.0;
-    if (serial > 0 && PyList_GET_SIZE(s->rest_passes) == 2) {
-        double one = PyFloat_AsDouble(PyList_GET_ITEM(s->rest, 0));
-        double both = PyFloat_AsDouble(PyList_GET_ITEM(s->rest, 1));
-        double n_one = PyFloat_AsDouble(PyList_GET_ITEM(s->rest_passes, 0));
-        double n_both = PyFloat_AsDouble(PyList_GET_ITEM(s->rest_passes, 1));
+    if (serial > 0) {
+        double one = s->rest[0], both = s->rest[1];
+        double n_one = s->rest_passes[0], n_both = s->rest_passes[1];
         if (n_one != 0 && n_both != 0) {
             split_seconds = both / n_both - one / n_one;
             if (0.0 > split_seconds) split_seconds = 0.0;
@@ -342,6 +317,15 @@ static long long choose_tau(State *s, Py_ssize_t l, long long used_bytes) {
 
 /* ---- helpers for the methods ---- */
 static PyArrayObject *int64_vector(PyObject *obj, const char *what) {
+    if (PyArray_CheckExact(obj)) { /* the usual argument: taken as it is */
+        PyArrayObject *v = (PyArrayObject *)obj;
+        if (PyArray_NDIM(v) == 1 && PyArray_TYPE(v) == NPY_INT64 &&
+            PyArray_ISNBO(PyArray_DESCR(v)->byteorder) && PyArray_IS_C_CONTIGUOUS(v) &&
+            PyArray_ISALIGNED(v)) {
+            Py_INCREF(obj);
+            return v;
+        }
+    }
     PyArrayObject *a = (PyArrayObject *)PyArray_FROMANY(obj, NPY_INT64, 1, 1, NPY_ARRAY_CARRAY_RO);
     if (!a) PyErr_Format(PyExc_ValueError, "%s must be a vector of integers", what);
     return a;
@@ -409,7 +393,8 @@ static PyObject *State_plan(State *s, PyObject *const *args, Py_ssize_t nargs) {
         total += counts[k];
     }
     /* balancer.record: the pass's slots and experts per utility level (before the update) */
-    double slot_bins[64] = {0}, expert_bins[64] = {0};
+    double slot_bins[64], expert_bins[64];
+    for (Py_ssize_t v = 0; v <= K; v++) slot_bins[v] = expert_bins[v] = 0.0;
     for (Py_ssize_t k = 0; k < n; k++) {
         slot_bins[u[ids[k]]] += (double)counts[k] / (double)total;
         expert_bins[u[ids[k]]] += 1.0;
@@ -453,12 +438,44 @@ done:
     return out;
 }
 
+/* estimator.update over layer l's row, for the frequencies f; `reference` and `adaptive`
+ * constant in each call site, so each reading gets a loop without their branches */
+static inline __attribute__((always_inline)) void estimate(State *s, Py_ssize_t l,
+                                                           const double *f, const int reference,
+                                                           const int adaptive) {
+    Py_ssize_t N = s->N, K = s->K;
+    int64_t *u = s->utility + l * N;
+    double *previous = s->previous + l * N, *up_bound = s->theta_up + l * N;
+    double *down_bound = s->theta_down + l * N;
+    for (Py_ssize_t e = 0; e < N; e++) {
+        double delta;
+        if (reference == REF_PREVIOUS) delta = f[e] - previous[e];
+        else if (reference == REF_COUNT) delta = f[e] - (double)u[e];
+        else delta = f[e] - (double)u[e] * s->level_scale;
+        int up, down;
+        if (!adaptive) {
+            up = delta >= s->fixed_up;
+            down = delta <= s->fixed_down;
+        } else {
+            up = delta >= up_bound[e];
+            down = delta <= -down_bound[e];
+        }
+        int64_t v = u[e] + up - down;
+        u[e] = v > K ? K : (v < 0 ? 0 : v);
+        if (adaptive) {
+            if (delta > 0) up_bound[e] = up_bound[e] + s->forgetting * (delta - up_bound[e]);
+            if (delta < 0) down_bound[e] = down_bound[e] + s->forgetting * (-delta - down_bound[e]);
+        }
+        previous[e] = f[e];
+    }
+}
+
 static int end_layer(State *s, Py_ssize_t l, PyObject *experts, PyObject *counts_obj,
                      long long used_bytes) {
     PyArrayObject *E = int64_vector(experts, "experts"), *C = NULL;
     int rc = -1;
     if (!E || !(C = int64_vector(counts_obj, "counts"))) goto done;
-    Py_ssize_t n = PyArray_SIZE(E), N = s->N, K = s->K;
+    Py_ssize_t n = PyArray_SIZE(E), N = s->N;
     if (PyArray_SIZE(C) != n) {
         PyErr_SetString(PyExc_ValueError, "experts and counts differ in length");
         goto done;
@@ -471,29 +488,15 @@ static int end_layer(State *s, Py_ssize_t l, PyObject *experts, PyObject *counts
     for (Py_ssize_t k = 0; k < n; k++) f[ids[k]] = (double)counts[k];
     /* estimator.update */
     int64_t *u = s->utility + l * N;
-    double *previous = s->previous + l * N, *up_bound = s->theta_up + l * N;
-    double *down_bound = s->theta_down + l * N;
     memcpy(s->old, u, N * sizeof(int64_t));
-    for (Py_ssize_t e = 0; e < N; e++) {
-        double delta;
-        if (s->reference == REF_PREVIOUS) delta = f[e] - previous[e];
-        else if (s->reference == REF_COUNT) delta = f[e] - (double)u[e];
-        else delta = f[e] - (double)u[e] * s->level_scale;
-        int up, down;
-        if (!s->adaptive) {
-            up = delta >= s->fixed_up;
-            down = delta <= s->fixed_down;
-        } else {
-            up = delta >= up_bound[e];
-            down = delta <= -down_bound[e];
-        }
-        int64_t v = u[e] + up - down;
-        u[e] = v > K ? K : (v < 0 ? 0 : v);
-        if (s->adaptive) {
-            if (delta > 0) up_bound[e] = up_bound[e] + s->forgetting * (delta - up_bound[e]);
-            if (delta < 0) down_bound[e] = down_bound[e] + s->forgetting * (-delta - down_bound[e]);
-        }
-        previous[e] = f[e];
+    /* each reading in a loop of its own (the branches out of the loop; the same arithmetic) */
+    switch (s->reference * 2 + s->adaptive) {
+    case REF_COUNT * 2: estimate(s, l, f, REF_COUNT, 0); break;
+    case REF_COUNT * 2 + 1: estimate(s, l, f, REF_COUNT, 1); break;
+    case REF_LEVEL * 2: estimate(s, l, f, REF_LEVEL, 0); break;
+    case REF_LEVEL * 2 + 1: estimate(s, l, f, REF_LEVEL, 1); break;
+    case REF_PREVIOUS * 2: estimate(s, l, f, REF_PREVIOUS, 0); break;
+    default: estimate(s, l, f, REF_PREVIOUS, 1); break;
     }
     const npy_bool *present = s->present + l * N;
     for (Py_ssize_t e = 0; e < N; e++)
@@ -501,10 +504,10 @@ static int end_layer(State *s, Py_ssize_t l, PyObject *experts, PyObject *counts
     if (s->prefetch) {
         long long tau = s->tau[l] = choose_tau(s, l, used_bytes);
         if (PyErr_Occurred()) goto done;
-        for (long long level = K; level >= tau; level--) /* hottest first, then by id */
-            for (Py_ssize_t e = 0; e < N; e++)
-                if (u[e] == level && !present[e] && queue_push(s, l, e, (int32_t)level))
-                    goto done;
+        /* hottest first, then by id: each level is a FIFO of its own, so one pass in id order
+         * queues what a pass per level from the hottest down would */
+        for (Py_ssize_t e = 0; e < N; e++)
+            if (u[e] >= tau && !present[e] && queue_push(s, l, e, (int32_t)u[e])) goto done;
     }
     rc = 0;
 done:
@@ -635,9 +638,9 @@ static PyMethodDef State_methods[] = {
 
 static void State_dealloc(State *s) {
     for (int k = 0; k < N_ARRAYS; k++) Py_XDECREF(s->arrays[k]);
-    Py_XDECREF(s->sums);
-    Py_XDECREF(s->rest);
-    Py_XDECREF(s->rest_passes);
+    if (s->views > 0) PyBuffer_Release(&s->sums_view);
+    if (s->views > 1) PyBuffer_Release(&s->rest_view);
+    if (s->views > 2) PyBuffer_Release(&s->rest_passes_view);
     Py_XDECREF(s->layer_seconds_obj);
     Py_XDECREF(s->layer_passes_obj);
     PyMem_Free(s->pool_level);
@@ -671,6 +674,21 @@ static void *held(State *s, int slot, PyObject *obj, int type, Py_ssize_t size, 
     return PyArray_DATA((PyArrayObject *)obj);
 }
 
+/* A buffer of `size` writeable C-contiguous doubles (UnitTimes' array('d')s), held. */
+static double *held_doubles(State *s, Py_buffer *view, PyObject *obj, Py_ssize_t size,
+                            const char *name) {
+    if (PyObject_GetBuffer(obj, view, PyBUF_WRITABLE | PyBUF_FORMAT | PyBUF_C_CONTIGUOUS) < 0)
+        return NULL;
+    s->views++;
+    if (view->itemsize != sizeof(double) || strcmp(view->format, "d") != 0 ||
+        view->len != size * (Py_ssize_t)sizeof(double)) {
+        PyErr_Format(PyExc_ValueError, "%s: a writeable buffer of %zd doubles is needed", name,
+                     size);
+        return NULL;
+    }
+    return view->buf;
+}
+
 /* State(shape, config, arrays, times): see spac_kernel.make_state. */
 static PyObject *State_new(PyTypeObject *type, PyObject *args, PyObject *kwds) {
     Py_ssize_t L, N, K;
@@ -680,21 +698,16 @@ static PyObject *State_new(PyTypeObject *type, PyObject *args, PyObject *kwds) {
     PyObject *present, *pinned, *ready_at, *expert_bytes, *utility, *previous, *theta_up,
         *theta_down, *slot_share, *expert_share, *distinct, *passes, *tau;
     PyObject *sums, *rest, *rest_passes, *layer_seconds, *layer_passes;
-    if (!PyArg_ParseTuple(args, "(nnn)(iiiiiddddLLLLLd)(OOOOOOOOOOOOO)(O!O!O!OO)", &L, &N, &K,
+    if (!PyArg_ParseTuple(args, "(nnn)(iiiiiddddLLLLLd)(OOOOOOOOOOOOO)(OOOOO)", &L, &N, &K,
                           &reference, &adaptive, &balancer, &prefetch, &evict, &fixed_up,
                           &fixed_down, &forgetting, &level_scale, &static_tau, &warmup,
                           &draft_length, &top_k, &budget, &tier_overlap, &present, &pinned,
                           &ready_at, &expert_bytes, &utility, &previous, &theta_up, &theta_down,
-                          &slot_share, &expert_share, &distinct, &passes, &tau, &PyDict_Type,
-                          &sums, &PyList_Type, &rest, &PyList_Type, &rest_passes, &layer_seconds,
-                          &layer_passes))
+                          &slot_share, &expert_share, &distinct, &passes, &tau, &sums, &rest,
+                          &rest_passes, &layer_seconds, &layer_passes))
         return NULL;
     if (L < 1 || N < 1 || K < 1 || K > 62 || L * N >= INT32_MAX) {
         PyErr_SetString(PyExc_ValueError, "shape outside 1 <= K <= 62, L * N < 2^31");
-        return NULL;
-    }
-    if (PyList_GET_SIZE(rest) != 2 || PyList_GET_SIZE(rest_passes) != 2) {
-        PyErr_SetString(PyExc_ValueError, "the unit times' rest lists hold two items");
         return NULL;
     }
     State *s = (State *)type->tp_alloc(type, 0);
@@ -721,8 +734,10 @@ static PyObject *State_new(PyTypeObject *type, PyObject *args, PyObject *kwds) {
         !(s->passes = held(s, 11, passes, NPY_DOUBLE, L, "passes")) ||
         !(s->tau = held(s, 12, tau, NPY_INT64, L, "tau")))
         goto fail;
-    Py_INCREF(sums), Py_INCREF(rest), Py_INCREF(rest_passes);
-    s->sums = sums, s->rest = rest, s->rest_passes = rest_passes;
+    if (!(s->sums = held_doubles(s, &s->sums_view, sums, N_SUMS, "totals")) ||
+        !(s->rest = held_doubles(s, &s->rest_view, rest, 2, "rest")) ||
+        !(s->rest_passes = held_doubles(s, &s->rest_passes_view, rest_passes, 2, "rest_passes")))
+        goto fail;
     Py_INCREF(layer_seconds), Py_INCREF(layer_passes);
     s->layer_seconds_obj = layer_seconds, s->layer_passes_obj = layer_passes;
     if (!PyArray_Check(layer_seconds) || !PyArray_Check(layer_passes) ||
@@ -769,14 +784,12 @@ static PyTypeObject StateType = {
     .tp_methods = State_methods,
 };
 
-static int VERSION = 1;
+static int VERSION = 2;
 
 static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "spac_native", NULL, -1, NULL};
 
 PyMODINIT_FUNC PyInit_spac_native(void) {
     import_array();
-    for (int k = 0; k < N_SUMS; k++)
-        if (!(sum_keys[k] = PyUnicode_InternFromString(SUM_NAMES[k]))) return NULL;
     for (int k = 0; k < N_TIMING; k++)
         if (!(timing_keys[k] = PyUnicode_InternFromString(TIMING_NAMES[k]))) return NULL;
     if (PyType_Ready(&StateType) < 0) return NULL;
