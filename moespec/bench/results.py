@@ -320,9 +320,9 @@ RESULTS = [
         ("policy_overhead_avx2.json",),
         (
             f"python benchmarks/policy_overhead.py --out {RESULTS_DIR}/policy_overhead_avx2.json "
-            "--rounds 5 --tokens 128 --before-rev 8fba9bb --force",
+            "--rounds 5 --tokens 128 --before-rev 3dd3706 --force",
         ),
-        12,
+        13,
     ),
     Result(
         "captured-step",
