@@ -22,6 +22,15 @@ MAKE_OLMOE_FULL = (
     f'streamed_random_checkpoint("olmoe-1b-7b", Path("{CHECKPOINTS}"))\''
 )
 BEFORE_TREE = f"{CHECKPOINTS}/before-9aca000"  # main before the native model pass
+# the larger-than-memory run's routing per arm (ARM.SOURCE; a speculative arm's rejected drafts
+# apart) and its replayed trace, for benchmarks/simulate_disk_tier.py
+LTM_TRACES = (
+    *(f"{arm}.{source}.parquet" for arm in ("lru", "static", "spac-ar", "spac+draft")
+      for source in ("model", "replay")),
+    "spac+draft.model.rejected.parquet",
+    "spac+draft.replay.rejected.parquet",
+    "replay.parquet",
+)  # fmt: skip
 PLAN_FIGURES = ("bandwidth.png", "ratio.png", "saving.png", "staircase.png", "report.md")
 REPORT_FILES = ("report.md", "report.json", "table1.png", "table2.png", "figure5.png")
 
@@ -237,9 +246,26 @@ RESULTS = [
         ),
         31,
     ),
+    Result(  # AVX2-only host, quiet: the full-size plan with routing on 8192 corpus tokens
+        "plan-olmoe-1b-7b-avx2-trace8k",
+        (
+            "plans/olmoe-1b-7b-16L-bf16-avx2-trace8k/plan.json",
+            "plans/olmoe-1b-7b-16L-bf16-avx2-trace8k/bench.jsonl",
+            *(f"plans/olmoe-1b-7b-16L-bf16-avx2-trace8k/{name}" for name in PLAN_FIGURES),
+        ),
+        (
+            MAKE_OLMOE_FULL,
+            f"moespec plan --model {OLMOE_FULL} "
+            f"--out {RESULTS_DIR}/plans/olmoe-1b-7b-16L-bf16-avx2-trace8k --force",
+        ),
+        16,
+    ),
     Result(  # AVX2-only host; the int8 conversion and the GGUF (14 GB) deleted at the end
         "larger-than-memory-olmoe-1b-7b",
-        ("larger_than_memory/olmoe-1b-7b-int8.json",),
+        (
+            "larger_than_memory/olmoe-1b-7b-int8.json",
+            *(f"larger_than_memory/olmoe-1b-7b-int8.traces/{name}" for name in LTM_TRACES),
+        ),
         (
             MAKE_OLMOE_FULL,
             f"python benchmarks/larger_than_memory.py --source {OLMOE_FULL} "
