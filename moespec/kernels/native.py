@@ -54,7 +54,6 @@ import functools
 import hashlib
 import os
 import platform
-import shutil
 import subprocess
 import tempfile
 from dataclasses import dataclass
@@ -62,6 +61,7 @@ from pathlib import Path
 
 import torch
 
+from moespec.buildcache import cache_dir, find_compiler
 from moespec.kernels.isa import cpu_flags, this_cpu
 
 SOURCE = Path(__file__).with_name("native.c")
@@ -239,20 +239,6 @@ class Native:
 
     def has(self, name: str) -> bool:
         return self.lib is not None and hasattr(self.lib, name)
-
-
-def cache_dir() -> Path:
-    if root := os.environ.get("MOESPEC_CACHE"):
-        return Path(root)
-    base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
-    return Path(base) / "moespec"
-
-
-def find_compiler() -> str | None:
-    for name in filter(None, (os.environ.get("CC"), "cc", "gcc", "clang")):
-        if path := shutil.which(name):
-            return path
-    return None
 
 
 # Tried in order: all ISAs threaded; all ISAs single-threaded (a compiler without OpenMP);

@@ -27,7 +27,6 @@ import hashlib
 import importlib.machinery
 import importlib.util
 import os
-import shutil
 import subprocess
 import sys
 import sysconfig
@@ -36,24 +35,12 @@ from pathlib import Path
 
 import numpy as np
 
+from moespec.buildcache import cache_dir, find_compiler
+
 SOURCE = Path(__file__).with_name("spac_native.c")
 FLAGS = ["-O2", "-shared", "-fPIC", "-ffp-contract=off", "-std=gnu11"]
 VERSION = 2  # spac_native.VERSION of the source this module speaks to
 REFERENCE_CODES = {"count": 0, "level": 1, "previous": 2}
-
-
-def _cache_dir() -> Path:
-    if root := os.environ.get("MOESPEC_CACHE"):
-        return Path(root)
-    base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
-    return Path(base) / "moespec"
-
-
-def _compiler() -> str | None:
-    for name in filter(None, (os.environ.get("CC"), "cc", "gcc", "clang")):
-        if path := shutil.which(name):
-            return path
-    return None
 
 
 def _build(compiler: str, out_dir: Path) -> Path:
@@ -93,11 +80,11 @@ def _load() -> tuple[object | None, str | None]:
     """(the extension module, None) or (None, why not)."""
     if os.environ.get("MOESPEC_NATIVE", "1").strip().lower() in ("0", "off", "no", "false"):
         return None, "turned off by MOESPEC_NATIVE"
-    compiler = _compiler()
+    compiler = find_compiler()
     if compiler is None:
         return None, "no C compiler found ($CC, cc, gcc or clang)"
     try:
-        path = _build(compiler, _cache_dir() / "spac")
+        path = _build(compiler, cache_dir() / "spac")
         loader = importlib.machinery.ExtensionFileLoader("spac_native", str(path))
         spec = importlib.util.spec_from_file_location("spac_native", path, loader=loader)
         module = importlib.util.module_from_spec(spec)
