@@ -353,6 +353,8 @@ def main(argv=None) -> int:
     )
     args = parser.parse_args(argv)
     if args.rescore:
+        if not Path(args.rescore).is_file():
+            parser.error(f"--rescore {args.rescore}: no such file")
         print(rescore(Path(args.rescore)))
         return 0
     if not args.out:
