@@ -157,6 +157,9 @@ def test_plan_writes_a_complete_plan_and_report(plan_dir):
     assert list(stages) == ["load", "routing", "bench", "verify", "draft", "predict"]
     assert all(seconds >= 0 for seconds in stages.values())
     assert sum(stages.values()) <= plan.seconds
+    # both verify rounds ran: a tiny model's rounds end long before the stage's time budget
+    assert plan.provenance.settings["verify_rounds"] == 2
+    assert all(len(r["seconds"]) == 2 for r in plan.verify_records)
     assert plan.bench.settings["batch_invariant"] is True  # timed as `generate` verifies
     assert plan.provenance.cpu_capability == torch.backends.cpu.get_cpu_capability()
     weights = plan.weights  # formats and product paths; the CPU is the provenance's
@@ -659,6 +662,25 @@ def test_evaluate_command_writes_the_scorecard_and_drops_its_journal(plan_dir, t
     assert len(result["sweep"]["log"]) == 11 * 4  # the 11 acceptances x k = 0..3, one prompt
     assert result["resumed"]["runs"] == 0
     assert not target.with_suffix(".jsonl").exists()  # the journal goes once the file is whole
+
+
+def test_verify_rounds_stop_at_the_time_budget_once_enough_are_timed(text_checkpoint):
+    from moespec.calibrate.texts import verify_text
+    from moespec.calibrate.verify import measure_verify
+    from moespec.models import load_model
+
+    model, tokenizer = load_model(text_checkpoint, dtype="fp32")
+    tokens = verify_text(tokenizer)
+    common = {"depth": 32, "pass_sizes": (1, 2), "repeats": 4, "warmup": 0}
+    full = measure_verify(model, tokens, **common, budget_seconds=1e6, min_repeats=2)
+    cut = measure_verify(model, tokens, **common, budget_seconds=1e-9, min_repeats=2)
+    assert len(full) == len(cut) == 4  # every cell, either way
+    assert {len(r["seconds"]) for r in full} == {4}
+    assert {len(r["seconds"]) for r in cut} == {2}  # the budget spent: stop at min_repeats
+    with pytest.raises(ValueError, match="min_repeats must lie in 1..4"):
+        measure_verify(model, tokens, **common, min_repeats=5)
+    with pytest.raises(ValueError, match="verify time budget must be positive"):
+        measure_verify(model, tokens, **common, budget_seconds=0)
 
 
 def test_ratio_anchoring_scales_the_plans_own_verify_times():

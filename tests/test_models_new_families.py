@@ -148,10 +148,12 @@ def test_plan_calibrates_the_tiny_checkpoint(checkpoint_dir, architecture, tmp_p
     code = main(
         ["plan", "--model", str(directory), "--out", str(out), "--dtype", "fp32",
          "--max-n", "3", "--repeats", "1", "--windows", "2", "--flush-mib", "0",
-         "--verify-repeats", "1", "--json"]
+         "--verify-repeats", "1", "--verify-seconds", "0", "--json"]
     )  # fmt: skip
     assert code == 0
     plan = json.loads((out / "plan.json").read_text())
+    settings = plan["provenance"]["settings"]  # 0: no time budget, every round timed
+    assert settings["verify_seconds"] is None and settings["verify_rounds"] == 1
     assert plan["model"]["model_type"] == architecture and len(plan["verify_time"]) == 3
     assert plan["kernel"]["crossover"] is None or plan["kernel"]["crossover"] >= 1
 

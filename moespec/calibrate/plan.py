@@ -34,6 +34,10 @@ from moespec.calibrate.predict import (
 )
 from moespec.calibrate.texts import (
     TRACE_TOKENS,
+    VERIFY_MIN_REPEATS,
+    VERIFY_REPEATS,
+    VERIFY_SECONDS,
+    VERIFY_WARMUP,
     stdlib_documents,
     verify_documents,
     verify_text,
@@ -257,7 +261,8 @@ def plan_chain(
     windows: int = 12,
     bench_layers: list[int] | None = None,
     depth: int = 256,
-    verify_repeats: int = 10,
+    verify_repeats: int = VERIFY_REPEATS,
+    verify_seconds: float | None = VERIFY_SECONDS,
     per_layer_fits: bool = True,
     batch_sizes: tuple[int, ...] = BATCH_SIZES,
     trace_tokens: int | None = TRACE_TOKENS,
@@ -267,7 +272,9 @@ def plan_chain(
     """The chain of make_plan, in an existing out_dir: load the model, take its routing,
     benchmark and fit the expert operation, time whole-model passes and the draft, predict
     in three versions, choose one, write the plan. trace_tokens: tokens of routing recorded
-    on the embedded corpus without a trace, spread evenly over its documents (None: all)."""
+    on the embedded corpus without a trace, spread evenly over its documents (None: all).
+    verify_repeats, verify_seconds: the most whole-model verify rounds, and the seconds after
+    which no more are added once VERIFY_MIN_REPEATS are timed (None: every round)."""
     started = time.perf_counter()
     stages = Stages()
     settings = settings or BenchSettings()
@@ -310,6 +317,9 @@ def plan_chain(
         pass_sizes=settings.pass_sizes,
         kernels=measured.kernels,
         repeats=verify_repeats,
+        warmup=VERIFY_WARMUP,
+        budget_seconds=verify_seconds,
+        min_repeats=min(VERIFY_MIN_REPEATS, verify_repeats),
         progress=progress,
         mode="stream",  # as recorded in the provenance below
         passes=STREAM_PASSES,
@@ -335,7 +345,9 @@ def plan_chain(
                 "trace": describe(trace_path) if trace_path else None,
                 "trace_tokens": None if trace_path else trace_tokens,  # None: all
                 "depth": depth,
-                "verify_repeats": verify_repeats,
+                "verify_repeats": verify_repeats,  # the most rounds
+                "verify_rounds": len(whole[0]["seconds"]),  # the rounds timed
+                "verify_seconds": verify_seconds,  # the stage's budget (None: none)
                 "verify_mode": "stream",
                 "stream_passes": STREAM_PASSES,
                 "stage_seconds": stages.seconds,  # where the plan's time went

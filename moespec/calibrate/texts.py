@@ -11,6 +11,16 @@ import itertools
 # documents, not long ones.
 TRACE_TOKENS = 8192
 
+# Whole-model verify rounds a plan times (`calibrate.verify.measure_verify`): up to
+# VERIFY_REPEATS after one warm-up round (routing has just run every layer), fewer once the
+# stage has run VERIFY_SECONDS with VERIFY_MIN_REPEATS timed. A round of OLMoE-1B-7B's 18
+# cells takes ~35 s on 2 cores (the whole plan took 13 min at 10 rounds); the demo's, well
+# under a second.
+VERIFY_REPEATS = 10
+VERIFY_MIN_REPEATS = 5
+VERIFY_SECONDS = 200.0
+VERIFY_WARMUP = 1
+
 
 def stdlib_documents(count: int = 24, max_chars: int = 6000):
     """The embedded corpus for measuring: held-out standard-library files, at most `count` of

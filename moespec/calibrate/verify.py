@@ -101,10 +101,18 @@ def measure_verify(
     seed: int = 0,
     mode: str = "stream",
     passes: int = STREAM_PASSES,
+    budget_seconds: float | None = None,
+    min_repeats: int = 1,
 ) -> list[dict]:
     """[{kernel, n_tokens, seconds: [...], median, iqr, depth, mode}] of whole-model verify
     passes, each value timed by `time_pass` (mode, passes). progress: reports each round
-    (moespec.progress); seed: the rounds' orders."""
+    (moespec.progress); seed: the rounds' orders.
+
+    budget_seconds: stop adding rounds once the measurement (warm-up included) has run this
+    long and at least `min_repeats` rounds are timed (None: all `repeats`). Every round times
+    every cell, so a cut run is a smaller sample of the same design: what a full-size model
+    needs to plan in minutes (a round of its 18 cells takes ~35 s on 2 cores), where a small
+    model still runs every round. `len(record["seconds"])` is the rounds taken."""
     from moespec.errors import SettingError, setting
     from moespec.models.context import fit_context
 
@@ -112,6 +120,10 @@ def measure_verify(
     need = max(end for _, end in spans)
     what, fix = f"a pass after {depth} tokens", f"lower {setting('depth')}"
     fit_context(range(need), model.config, what=what, fix=fix)
+    if not 1 <= min_repeats <= repeats:
+        raise ValueError(f"min_repeats must lie in 1..{repeats} (repeats), got {min_repeats}")
+    if budget_seconds is not None and budget_seconds <= 0:
+        raise ValueError(f"a verify time budget must be positive, got {budget_seconds} s")
     if min(first for first, _ in spans) < 0:
         raise SettingError(
             f"measure-verify: a {mode} measurement of {max(pass_sizes)} tokens starts "
@@ -128,12 +140,17 @@ def measure_verify(
     progress = progress or Progress(False)
     progress.start("measuring whole-model verify times", total=warmup + repeats, unit="rounds")
     rounds = random.Random(seed)
+    started = time.perf_counter()
     for repeat in range(warmup + repeats):
         for n, kernel in round_order(pass_sizes, kernels, rounds):
             elapsed = time_pass(model, cache, tokens, depth, n, kernel, mode=mode, passes=passes)
             if repeat >= warmup:
                 samples.setdefault((kernel, n), []).append(elapsed)
         progress.advance()
+        timed = repeat + 1 - warmup
+        spent = time.perf_counter() - started
+        if budget_seconds is not None and timed >= min_repeats and spent >= budget_seconds:
+            break
     records = []
     for (kernel, n), values in sorted(samples.items(), key=lambda kv: (kv[0][1], kv[0][0])):
         median, iqr = median_iqr(values)

@@ -42,6 +42,7 @@ from moespec.cli.options import (
     device_name,
     existing_file,
     non_negative_int,
+    non_negative_number,
     number_in,
     positive_int,
     require_device,
@@ -55,7 +56,12 @@ DRAFTERS = ("lookup", "model")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    from moespec.calibrate.texts import TRACE_TOKENS
+    from moespec.calibrate.texts import (
+        TRACE_TOKENS,
+        VERIFY_MIN_REPEATS,
+        VERIFY_REPEATS,
+        VERIFY_SECONDS,
+    )
 
     source = parser.add_mutually_exclusive_group()
     source.add_argument(
@@ -97,7 +103,19 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         " where the model's weights fit in this CPU's last-level cache (the engine then reads"
         " them warm)",
     )
-    parser.add_argument("--verify-repeats", type=positive_int, default=10)
+    parser.add_argument(
+        "--verify-repeats",
+        type=positive_int,
+        default=VERIFY_REPEATS,
+        help=f"the most rounds of whole-model verify passes to time (default {VERIFY_REPEATS})",
+    )
+    parser.add_argument(
+        "--verify-seconds",
+        type=non_negative_number,
+        default=VERIFY_SECONDS,
+        help=f"add no more verify rounds once they have run this long and "
+        f"{VERIFY_MIN_REPEATS} are timed (default {VERIFY_SECONDS:.0f}; 0: every round)",
+    )
     parser.add_argument(
         "--trace-tokens",
         type=non_negative_int,
@@ -230,6 +248,7 @@ def run(args: argparse.Namespace) -> int:
             settings=settings,
             windows=args.windows,
             verify_repeats=args.verify_repeats,
+            verify_seconds=args.verify_seconds or None,
             per_layer_fits=not args.pooled_fits,
             batch_sizes=args.batch_sizes,
             trace_tokens=args.trace_tokens or None,
