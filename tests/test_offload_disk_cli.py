@@ -67,6 +67,19 @@ def test_bad_memory_budgets_are_one_line_and_exit_2(converted, capsys, flags, me
     assert code == 2 and message in err and err.count("\n") == 1, err
 
 
+def test_a_budget_beyond_available_memory_is_capped_with_one_warning_naming_the_flag(
+    converted, capsys
+):
+    code, _, err = generate(
+        capsys, converted, "--draft", "none", "--offload", "lru", "--memory-budget", "100000G"
+    )
+    assert code == 0, err
+    warnings = [line for line in err.splitlines() if line.startswith("warning:")]
+    assert len(warnings) == 1, err
+    assert warnings[0].startswith("warning: --memory-budget 100000.0G is more than this machine")
+    assert "\x1f" not in err  # the setting rendered as a flag, no marker left raw
+
+
 def test_a_memory_budget_needs_an_offload_policy(converted, capsys):
     code, _, err = generate(capsys, converted, "--draft", "none", "--memory-budget", "1G")
     assert code == 2 and "need --offload POLICY" in err

@@ -220,3 +220,14 @@ def test_passes_must_be_bracketed_by_steps(model):
 def test_cuda_device_without_cuda_is_a_clear_error(model):
     with pytest.raises(ValueError, match="CUDA is not available"):
         OffloadEngine.for_model(model, make_policy("lru"), 4 * expert_bytes(model), device="cuda")
+
+
+@pytest.mark.parametrize("policy", POLICY_NAMES)
+def test_the_summary_before_the_first_step_reports_nothing_decided(model, policy):
+    engine = OffloadEngine.for_model(model, make_policy(policy), 4 * expert_bytes(model))
+    with engine:
+        summary = engine.summary()  # before any step: SpAc's balancer does not exist yet
+    assert summary["policy"] == policy and summary["hits"] == summary["misses"] == 0
+    assert summary["hit_rate"] is None
+    if policy == "spac":
+        assert summary["balancer_choices"] == 0 and summary["mean_tau"] is None

@@ -45,6 +45,7 @@ from moespec.cli.options import (
     positive_int,
     resolve_weights,
 )
+from moespec.errors import cli_text
 
 HELP = "generate text (streamed), speculating with a draft, the kernel chosen per pass"
 
@@ -246,7 +247,7 @@ def run(args: argparse.Namespace) -> int:
         settings,
         on_prompt=None if args.json else echo_prompt,
         on_text=None if args.json else (lambda piece: print(piece, end="", flush=True)),
-        on_note=lambda line: print(line, file=sys.stderr),
+        on_note=lambda line: print(cli_text(line), file=sys.stderr),
     )
     if args.json:
         print(json.dumps(result.to_dict()))

@@ -314,6 +314,15 @@ class SpAcPolicy(OffloadPolicy):
         return self.estimator.utility[layer] >= 1  # seed 003 §4.3: threshold 1
 
     def stats(self) -> dict:
+        if getattr(self, "balancer", None) is None:  # not reset on a cache: nothing decided
+            return {
+                "max_utility": None,
+                "mean_tau": None,
+                "balancer_choices": 0,
+                "balancer_none_hot": 0,
+                "balancer_infeasible": 0,
+                "cancelled_prefetches": 0,
+            }
         b = self.balancer
         choices, tau_sum, infeasible, none_hot = b.choices, b.tau_sum, b.infeasible, b.none_hot
         if self._kernel is not None:
