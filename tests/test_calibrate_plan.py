@@ -157,6 +157,8 @@ def test_plan_writes_a_complete_plan_and_report(plan_dir):
     assert list(stages) == ["load", "routing", "bench", "verify", "draft", "predict"]
     assert all(seconds >= 0 for seconds in stages.values())
     assert sum(stages.values()) <= plan.seconds
+    # timed on the target's greedy continuation of a fit document's start
+    assert plan.provenance.settings["verify_text"] == "continuations"
     # both verify rounds ran: a tiny model's rounds end long before the stage's time budget
     assert plan.provenance.settings["verify_rounds"] == 2
     assert all(len(r["seconds"]) == 2 for r in plan.verify_records)
@@ -681,6 +683,34 @@ def test_verify_rounds_stop_at_the_time_budget_once_enough_are_timed(text_checkp
         measure_verify(model, tokens, **common, min_repeats=5)
     with pytest.raises(ValueError, match="verify time budget must be positive"):
         measure_verify(model, tokens, **common, budget_seconds=0)
+
+
+def test_the_plans_verify_text_is_a_greedy_continuation_of_a_fit_documents_start(
+    text_checkpoint,
+):
+    from moespec.calibrate.plan import plan_text
+    from moespec.calibrate.texts import CONTINUATION_PROMPT, fit_documents
+    from moespec.calibrate.verify import pass_span
+    from moespec.decoding.setup import greedy_reference
+    from moespec.models import load_model
+    from moespec.progress import Progress
+    from moespec.routing.record import tokenize_documents
+
+    model, tokenizer = load_model(text_checkpoint, dtype="fp32")
+    text = plan_text(model, tokenizer, "continuations", 32, 4, Progress(False))
+    first, end = pass_span(32, 4)  # the stream passes of 4 tokens at depth 32
+    assert len(text) == end
+    prompt = min(CONTINUATION_PROMPT, first)  # the prompt ends before the first timed pass
+    starts = [ids[:prompt] for _, ids in tokenize_documents(tokenizer, fit_documents(4))]
+    assert text[:prompt] in starts  # a fit document's start, never a test document's
+    assert text[prompt:] == greedy_reference(model, text[:prompt], end - prompt)
+
+
+def test_a_plan_refuses_an_unknown_verify_text_before_loading(tmp_path):
+    from moespec.errors import SettingError
+
+    with pytest.raises(SettingError, match="verify_text='novel' is not a verify text"):
+        make_plan(tmp_path / "p", model_dir=tmp_path / "missing", verify_text_kind="novel")
 
 
 def test_ratio_anchoring_scales_the_plans_own_verify_times():

@@ -13,8 +13,8 @@ documents, the plan's benchmark settings and cache state), cut into `shares` str
 its shuffled case list, and whole-model passes of both kernels, a few rounds per share, at the
 depth the evaluation verifies at. By default (`text="continuations"`) share i's passes run on
 the target's greedy continuation of the i-th fit document's start, the kind of text decoding
-verifies, from documents the evaluation never scores on; `text="documents"` runs them on the
-plan's verify text (the test documents, as `moespec plan` does). After the last share the
+verifies, from documents the evaluation never scores on (as `moespec plan` times its own);
+`text="documents"` runs them on the test documents (as plans did before). After the last share the
 fits, epsilon and the three versions are made from these records exactly as `moespec plan`
 makes them (`plan.prediction_versions`), and the evaluation anchors them on its tau(1) and
 scores them beside the plan's versions.

@@ -33,10 +33,12 @@ from moespec.calibrate.predict import (
     verify_times,
 )
 from moespec.calibrate.texts import (
+    CONTINUATION_PROMPT,
     TRACE_TOKENS,
     VERIFY_MIN_REPEATS,
     VERIFY_REPEATS,
     VERIFY_SECONDS,
+    VERIFY_TEXTS,
     VERIFY_WARMUP,
     stdlib_documents,
     verify_documents,
@@ -47,6 +49,7 @@ from moespec.calibrate.verify import (
     STREAM_PASSES,
     measure_draft_time,
     measure_verify,
+    pass_span,
     verify_table,
 )
 from moespec.costmodel import crossover
@@ -263,6 +266,7 @@ def plan_chain(
     depth: int = 256,
     verify_repeats: int = VERIFY_REPEATS,
     verify_seconds: float | None = VERIFY_SECONDS,
+    verify_text_kind: str = VERIFY_TEXTS[0],
     per_layer_fits: bool = True,
     batch_sizes: tuple[int, ...] = BATCH_SIZES,
     trace_tokens: int | None = TRACE_TOKENS,
@@ -274,18 +278,23 @@ def plan_chain(
     in three versions, choose one, write the plan. trace_tokens: tokens of routing recorded
     on the embedded corpus without a trace, spread evenly over its documents (None: all).
     verify_repeats, verify_seconds: the most whole-model verify rounds, and the seconds after
-    which no more are added once VERIFY_MIN_REPEATS are timed (None: every round)."""
+    which no more are added once VERIFY_MIN_REPEATS are timed (None: every round).
+    verify_text_kind: what those passes and the draft's run on (`plan_text`)."""
     started = time.perf_counter()
     stages = Stages()
     settings = settings or BenchSettings()
     plan_path = out_dir / "plan.json"
     refuse_existing(plan_path, force)
+    if verify_text_kind not in VERIFY_TEXTS:
+        raise SettingError(
+            f"{setting('verify_text', verify_text_kind)} is not a verify text: expected one "
+            f"of {', '.join(VERIFY_TEXTS)}"
+        )
     model, tokenizer, layers = load_target(model_dir, dtype, weights, bench_layers, progress)
     settings = engine_cache_state(settings, model)
     stages.done("load")
     trace = routing_trace(model, tokenizer, trace_path, model_dir, progress, trace_tokens)
     stages.done("routing")
-    text = verify_text(tokenizer)
     windows_ids = windows_by_layer(trace, layers, settings.pass_sizes, windows, settings.seed)
     header = {
         "model": model.config.name,
@@ -310,6 +319,7 @@ def plan_chain(
     max_n = max(settings.pass_sizes)
     routing = trace_routing(trace, max_n)
     model.batch_invariant = settings.batch_invariant  # the whole-model passes alike
+    text = plan_text(model, tokenizer, verify_text_kind, depth, max_n, progress)
     whole = measure_verify(
         model,
         text,
@@ -349,6 +359,7 @@ def plan_chain(
                 "verify_rounds": len(whole[0]["seconds"]),  # the rounds timed
                 "verify_seconds": verify_seconds,  # the stage's budget (None: none)
                 "verify_mode": "stream",
+                "verify_text": verify_text_kind,
                 "stream_passes": STREAM_PASSES,
                 "stage_seconds": stages.seconds,  # where the plan's time went
             },
@@ -469,6 +480,28 @@ def routing_trace(
         )
     check_not_degenerate(trace, str(trace_path or model_dir))
     return trace
+
+
+def plan_text(model, tokenizer, kind: str, depth: int, max_n: int, progress) -> list[int]:
+    """The tokens a plan's whole-model verify passes run on. "continuations": the first
+    CONTINUATION_PROMPT tokens of a fit document, then the target's greedy continuation up to
+    the last stream pass of max_n tokens at `depth`, so every timed pass verifies text of the
+    kind decoding verifies (what an evaluation's in-process calibration times by default;
+    on the demo target, in one process, its verify-time error was 3.3% / 11.5% against
+    24-31% on the documents). The prompt is a fit document's start, never a test document
+    that evaluations score on. "documents": the test documents one after another (plans
+    before this reading)."""
+    if kind == "documents":
+        return verify_text(tokenizer)
+    from moespec.calibrate.inprocess import fit_continuations
+    from moespec.models.context import fit_context
+
+    first, end = pass_span(depth, max_n, "stream", STREAM_PASSES)
+    what, fix = f"a pass after {depth} tokens", f"lower {setting('depth')}"
+    fit_context(range(end), model.config, what=what, fix=fix)  # before decoding any of it
+    prompt = min(CONTINUATION_PROMPT, max(1, first))
+    progress.start(f"decoding the verify text: {end - prompt} greedy tokens after {prompt}")
+    return fit_continuations(model, tokenizer, 1, prompt, end - prompt)[0]
 
 
 def draft_times(draft_dir, tokenizer, dtype, text, depth, max_n, progress) -> np.ndarray:

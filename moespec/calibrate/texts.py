@@ -21,6 +21,12 @@ VERIFY_MIN_REPEATS = 5
 VERIFY_SECONDS = 200.0
 VERIFY_WARMUP = 1
 
+# What a plan's whole-model verify passes run on (`calibrate.plan.plan_text`): the target's
+# greedy continuation of a fit document's first CONTINUATION_PROMPT tokens (the kind of text
+# decoding verifies), or the test documents one after another.
+VERIFY_TEXTS = ("continuations", "documents")
+CONTINUATION_PROMPT = 64
+
 
 def stdlib_documents(count: int = 24, max_chars: int = 6000):
     """The embedded corpus for measuring: held-out standard-library files, at most `count` of

@@ -61,6 +61,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         VERIFY_MIN_REPEATS,
         VERIFY_REPEATS,
         VERIFY_SECONDS,
+        VERIFY_TEXTS,
     )
 
     source = parser.add_mutually_exclusive_group()
@@ -115,6 +116,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=VERIFY_SECONDS,
         help=f"add no more verify rounds once they have run this long and "
         f"{VERIFY_MIN_REPEATS} are timed (default {VERIFY_SECONDS:.0f}; 0: every round)",
+    )
+    parser.add_argument(
+        "--verify-text",
+        choices=VERIFY_TEXTS,
+        default=VERIFY_TEXTS[0],
+        help="what the whole-model verify passes run on: the target's greedy continuation of "
+        "a fit document's start, as decoding verifies (default), or the test documents",
     )
     parser.add_argument(
         "--trace-tokens",
@@ -249,6 +257,7 @@ def run(args: argparse.Namespace) -> int:
             windows=args.windows,
             verify_repeats=args.verify_repeats,
             verify_seconds=args.verify_seconds or None,
+            verify_text_kind=args.verify_text,
             per_layer_fits=not args.pooled_fits,
             batch_sizes=args.batch_sizes,
             trace_tokens=args.trace_tokens or None,
