@@ -246,6 +246,20 @@ RESULTS = [
         ),
         31,
     ),
+    Result(  # AVX2-only host, quiet: the full-size plan at the defaults of this wave's end
+        "plan-olmoe-1b-7b-avx2-default",
+        (
+            "plans/olmoe-1b-7b-16L-bf16-avx2-default/plan.json",
+            "plans/olmoe-1b-7b-16L-bf16-avx2-default/bench.jsonl",
+            *(f"plans/olmoe-1b-7b-16L-bf16-avx2-default/{name}" for name in PLAN_FIGURES),
+        ),
+        (
+            MAKE_OLMOE_FULL,
+            f"moespec plan --model {OLMOE_FULL} "
+            f"--out {RESULTS_DIR}/plans/olmoe-1b-7b-16L-bf16-avx2-default --force",
+        ),
+        11,
+    ),
     Result(  # AVX2-only host, quiet: the full-size plan with routing on 8192 corpus tokens
         "plan-olmoe-1b-7b-avx2-trace8k",
         (
@@ -468,6 +482,19 @@ RESULTS = [
             f"--out {RESULTS_DIR}/scorecard/olmoe4L-bf16 --force",
         ),
         36,
+    ),
+    Result(
+        "scorecard-olmoe4L-int8",
+        tuple(
+            f"scorecard/olmoe4L-int8/{n}"
+            for n in ("plan.json", "bench.jsonl", "evaluation.json", *PLAN_FIGURES)
+        ),
+        (
+            # the bf16 row's reduced sweep, on the same checkpoint converted to int8
+            "python benchmarks/scorecard.py olmoe4L-int8 --prompts 3 --repeats 2 --tokens 64 "
+            f"--threads 2 --out {RESULTS_DIR}/scorecard/olmoe4L-int8 --force",
+        ),
+        33,
     ),
     Result(
         "scorecard-olmoe4L-fp32",
