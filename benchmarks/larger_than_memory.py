@@ -74,6 +74,7 @@ import numpy as np
 
 PAGE = 4096
 DEFAULT_ARMS = "in-memory,lru,static,spac-ar,spac+draft,llama.cpp"
+KERNEL_THREADS = 1  # the engine's costs as simulate_disk_tier.py times them (--kernel-threads)
 RSS_ALLOWANCE = 512 << 20  # issue 53: peak RSS <= budget + dense weights + 0.5 GB
 TARGETS = {  # issue 53's
     "memory_share_of_model": 0.6,
@@ -307,7 +308,12 @@ def run_worker(job_path: str) -> int:
         import torch
 
         torch.set_num_threads(job["threads"])
-        work = {"facts": facts_job, "moespec": moespec_run, "llama.cpp": llamacpp_run}
+        work = {
+            "facts": facts_job,
+            "moespec": moespec_run,
+            "llama.cpp": llamacpp_run,
+            "engine-costs": engine_costs_job,
+        }
         result = work[job["job"]](job)
         result["peak_rss_bytes"] = peak_rss()
         code = 0
@@ -324,6 +330,28 @@ def peak_rss() -> int:
     the parent that forked it)."""
     with open("/proc/self/status") as f:
         return next(int(line.split()[1]) * 1024 for line in f if line.startswith("VmHWM:"))
+
+
+def engine_costs_job(job: dict) -> dict:
+    """The engine's own costs (`disk_tier.measure_engine_costs`: its kernel per expert slot
+    at one row, a call's fixed time, an expert's checksum) on this model's expert shapes,
+    timed at `kernel_threads` in the phase of the in-memory runs they are fitted beside."""
+    import torch
+
+    from moespec.models import load_config
+    from moespec.offload.sim.disk_tier import measure_engine_costs
+
+    torch.set_num_threads(job["kernel_threads"])
+    config = load_config(job["model"])
+    costs = measure_engine_costs(
+        config.hidden_size,
+        config.moe_intermediate_size,
+        job["expert_slot_bytes"],
+        kernel=job["kernel"],
+        top_k=job["top_k"],
+        checksum=job["checksum"],
+    )
+    return {**costs, "threads": job["kernel_threads"], "timed": "after the in-memory runs"}
 
 
 def facts_job(job: dict) -> dict:
@@ -630,12 +658,28 @@ def run(args) -> int:
                   file=sys.stderr)  # fmt: skip
             return {**result, "page_cache": cache}
 
-        # The reference: in memory, before the hold; else the first plain disk arm, held.
-        references, reference_runs = {}, {}
+        # The reference: in memory, before the hold, as many rounds as the arms (its first
+        # run's tokens the reference, the median run its figures: one 3-second decode is not
+        # a time); else the first plain disk arm, held.
+        references, reference_runs, memory_runs = {}, {}, {}
         memory_arm = next((a for a in arms if a["kind"] == "in-memory"), None)
-        for source in sources:
-            if memory_arm is not None:
-                reference_runs[source] = measured(memory_arm, source)
+        if memory_arm is not None:
+            for _ in range(args.rounds):
+                for source in sources:
+                    memory_runs.setdefault(source, []).append(measured(memory_arm, source))
+            for source, source_runs in memory_runs.items():
+                reference_runs[source] = source_runs[0]
+        # the engine's own costs, in the in-memory runs' phase: what the simulator's disk
+        # profile subtracts from their time per token (`simulate_disk_tier.py`; timed there
+        # minutes later, the kernel's time per slot moved 10% on this host's phases)
+        costs_job = {
+            **common, "job": "engine-costs", "label": "engine costs",
+            "kernel": args.kernel, "kernel_threads": KERNEL_THREADS,
+            "expert_slot_bytes": facts["expert_slot_bytes"], "top_k": facts["top_k"],
+            "checksum": engine_facts()["checksum"],
+        }  # fmt: skip
+        engine_cost = spawn(costs_job, scratch, args.arm_timeout)
+        engine_cost.pop("peak_rss_bytes", None)
         available = mem_available()
         held = hold_bytes(args.hold, available, budget, dense, args.hold_margin)
         holder = Holder(held)
@@ -666,7 +710,7 @@ def run(args) -> int:
         routings = {
             key: [r.pop("routing", None) for r in arm_runs] for key, arm_runs in runs.items()
         }
-        for run in reference_runs.values():
+        for run in [*reference_runs.values(), *(r for rs in memory_runs.values() for r in rs)]:
             run.pop("routing", None)
         results = summarize_runs(runs, references, facts, budget, bandwidth, memory_arm)
         if args.save_traces:
@@ -678,6 +722,11 @@ def run(args) -> int:
                 "arm": (memory_arm or plain)["name"], "routing": source,
                 "memory_condition": "none (before the hold)" if memory_arm else "held",
             }  # fmt: skip
+        for key, row in summarize_runs(
+            {f"in-memory|{source}": rs for source, rs in memory_runs.items()},
+            references, facts, budget, bandwidth, memory_arm,
+        ).items():  # fmt: skip
+            results[key] = {**row, "memory_condition": "none (before the hold)"}
         targets = score_targets(results, facts, budget, sources, runs)
         write_json(
             args.out,
@@ -740,6 +789,7 @@ def run(args) -> int:
                 },
                 "direct_read_bandwidth": bandwidth,
                 "engine": engine_facts(),
+                "engine_costs": engine_cost,
                 "results": results,
                 "targets": targets,
                 "provenance": provenance(settings={"threads": args.threads}),
