@@ -9,8 +9,10 @@ One int8-converted model (`moespec convert SRC DST --weights int8`), the same pr
 --prompt-tokens tokens of held-out text) and greedy decoding of --tokens tokens in every arm:
 
     in-memory    moespec with every weight mapped and resident: the reference. Its greedy
-                 tokens must be every moespec arm's. It runs before the hold (it cannot fit
-                 the memory the others get); --skip-in-memory leaves it out (the reference is
+                 tokens must be every moespec arm's. It runs --rounds times before the hold
+                 (it cannot fit the memory the others get), its median the simulator's dense
+                 time, and the engine's own costs are timed right after it (the simulator
+                 subtracts them from it); --skip-in-memory leaves it out (the reference is
                  then the first plain disk arm's run, taken under the hold and not timed in)
     POLICY       moespec's disk tier (`open_engine(disk=True)`): experts read with direct I/O
                  into a RAM cache of --memory-budget, run by lru, static (the most used
