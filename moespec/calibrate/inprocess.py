@@ -25,27 +25,12 @@ from dataclasses import dataclass, fields
 import numpy as np
 
 from moespec.calibrate.bench import BenchSettings, ExpertOpBenchmark
-from moespec.calibrate.texts import verify_text
+from moespec.calibrate.texts import fit_continuations, verify_text
 from moespec.calibrate.timing import CacheFlusher
 from moespec.calibrate.verify import STREAM_PASSES, measure_verify, verify_table
 from moespec.errors import SettingError, setting
 
 TEXTS = ("continuations", "documents")
-
-
-def fit_continuations(model, tokenizer, count: int, prompt_tokens: int, tokens: int):
-    """`count` streams: the first `prompt_tokens` tokens of a fit document, then the target's
-    greedy continuation of `tokens` tokens (the kind of text decoding verifies, from documents
-    the evaluation never scores on)."""
-    from moespec.calibrate.texts import fit_documents
-    from moespec.decoding.setup import greedy_reference
-    from moespec.routing.record import tokenize_documents
-
-    documents = tokenize_documents(tokenizer, fit_documents(count * 2))
-    prompts = [ids[:prompt_tokens] for _, ids in documents if len(ids) >= prompt_tokens][:count]
-    if not prompts:
-        raise ValueError(f"no fit document gives a prompt of {prompt_tokens} tokens")
-    return [p + greedy_reference(model, p, tokens) for p in prompts]
 
 
 @dataclass

@@ -40,6 +40,7 @@ from moespec.calibrate.texts import (
     VERIFY_SECONDS,
     VERIFY_TEXTS,
     VERIFY_WARMUP,
+    fit_continuations,
     stdlib_documents,
     verify_documents,
     verify_text,
@@ -493,7 +494,6 @@ def plan_text(model, tokenizer, kind: str, depth: int, max_n: int, progress) -> 
     before this reading)."""
     if kind == "documents":
         return verify_text(tokenizer)
-    from moespec.calibrate.inprocess import fit_continuations
     from moespec.models.context import fit_context
 
     first, end = pass_span(depth, max_n, "stream", STREAM_PASSES)

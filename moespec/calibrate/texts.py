@@ -65,3 +65,17 @@ def verify_text(tokenizer) -> list[int]:
     from moespec.routing.record import tokenize_documents
 
     return [t for _, ids in tokenize_documents(tokenizer, verify_documents()) for t in ids]
+
+
+def fit_continuations(model, tokenizer, count: int, prompt_tokens: int, tokens: int):
+    """`count` streams: the first `prompt_tokens` tokens of a fit document, then the target's
+    greedy continuation of `tokens` tokens (the kind of text decoding verifies, from documents
+    the evaluation never scores on)."""
+    from moespec.decoding.setup import greedy_reference
+    from moespec.routing.record import tokenize_documents
+
+    documents = tokenize_documents(tokenizer, fit_documents(count * 2))
+    prompts = [ids[:prompt_tokens] for _, ids in documents if len(ids) >= prompt_tokens][:count]
+    if not prompts:
+        raise ValueError(f"no fit document gives a prompt of {prompt_tokens} tokens")
+    return [p + greedy_reference(model, p, tokens) for p in prompts]
