@@ -289,7 +289,7 @@ RESULTS = [
         ),
         26,
     ),
-    Result(  # the engine's costs are timed here: on a quiet host (a loaded one is refused)
+    Result(  # the engine's costs as the measured run timed them, right after its in-memory arm
         "disk-tier-simulation-olmoe-1b-7b",
         ("offload_simulation/disk_tier_olmoe-1b-7b-int8.json",),
         (
