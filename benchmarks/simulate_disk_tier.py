@@ -222,6 +222,9 @@ def main(argv=None) -> int:
     from moespec.routing.shapes import get_shape
 
     check_writable(args.out, force=args.force)
+    for given in (args.measured, args.costs):
+        if given is not None and not given.is_file():
+            parser.error(f"{given} is not a file")
     data = json.loads(args.measured.read_text())
     bench = load_benchmark()
     model, settings = data["model"], data["settings"]

@@ -24,6 +24,24 @@ def checkpoint_dir(tmp_path_factory):
     return make
 
 
+@pytest.fixture(scope="session")
+def converted(checkpoint_dir, tmp_path_factory):
+    """converted(weights) -> a converted directory of the tiny qwen3_moe (`moespec convert`),
+    written once per session; tests that change files under it copy it first."""
+    from moespec.models.converted import convert
+
+    made = {}
+
+    def make(weights: str):
+        if weights not in made:
+            out = tmp_path_factory.mktemp("converted") / weights
+            convert(checkpoint_dir("qwen3_moe")[0], out, weights=weights)
+            made[weights] = out
+        return made[weights]
+
+    return make
+
+
 @pytest.fixture(params=sorted(FAMILIES))
 def family(request):
     return request.param

@@ -8,8 +8,9 @@ import numpy as np
 import pytest
 
 from moespec.offload.driver import LayerDriver
-from moespec.offload.policies.base import ExpertCache, LayerPlan, LayerTiming
+from moespec.offload.policies.base import ExpertCache, LayerPlan
 from moespec.offload.policies.baselines import HybridPolicy, LRUPolicy
+from tests.layer_timings import random_timing
 
 LAYERS, EXPERTS, TOP_K, TOKENS = 5, 24, 4, 4
 
@@ -114,18 +115,7 @@ def _run(policy, seed, ratio, delay):
             decisions.append(
                 (placed.accelerator.tolist(), placed.cpu.tolist(), placed.fetch.tolist())
             )
-            cpu, acc = rng.random(2) * 1e-3
-            timing = LayerTiming(
-                layer,
-                float(cpu + acc),
-                float(cpu) if len(placed.cpu) else 0.0,
-                int(row[placed.cpu].sum()),
-                len(placed.cpu),
-                float(acc) if len(placed.accelerator) else 0.0,
-                len(placed.accelerator),
-                float(rng.random()) * 1e-3,
-                int(rng.integers(0, 3)),
-            )
+            timing = random_timing(rng, layer, placed, row)
             driver.finish(layer, experts, counts, placed, timing)
         policy.end_step(n - 1)
     decisions.append((cache.present.tolist(), cache.used_bytes, cache.peak_bytes))

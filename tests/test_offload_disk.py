@@ -14,7 +14,7 @@ import torch
 from moespec.decoding import DraftLengthPolicy, KernelPolicy, OracleDrafter, generate
 from moespec.errors import SettingError
 from moespec.models import load_model
-from moespec.models.converted import WEIGHTS_FILE, convert
+from moespec.models.converted import WEIGHTS_FILE
 from moespec.offload import make_policy
 from moespec.offload.engine import disk
 from moespec.offload.engine.disk import DiskStore, DiskTierError, disk_budget
@@ -24,21 +24,6 @@ from moespec.offload.engine.tiers import CopyJob, Link
 PROMPT = [5, 17, 33, 2, 5, 17, 40, 41]
 TOKENS = 16
 DRAFT_LENGTH = 3
-
-
-@pytest.fixture(scope="module")
-def converted(checkpoint_dir, tmp_path_factory):
-    """converted(weights) -> a converted directory of the tiny qwen3_moe (written once)."""
-    made = {}
-
-    def make(weights: str):
-        if weights not in made:
-            out = tmp_path_factory.mktemp("disk") / weights
-            convert(checkpoint_dir("qwen3_moe")[0], out, weights=weights)
-            made[weights] = out
-        return made[weights]
-
-    return make
 
 
 @pytest.fixture

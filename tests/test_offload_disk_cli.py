@@ -6,16 +6,14 @@ import json
 import pytest
 
 from moespec.cli import main
-from moespec.models.converted import convert
 
 PROMPT = "w1 w2 w3 w1 w2"
 
 
 @pytest.fixture(scope="module")
-def converted(checkpoint_dir, tmp_path_factory):
-    out = tmp_path_factory.mktemp("disk-cli") / "fp32"
-    convert(checkpoint_dir("qwen3_moe")[0], out, weights="fp32")
-    return out
+def converted(converted):
+    """This module's converted directory: the session's fp32 one (conftest's `converted`)."""
+    return converted("fp32")
 
 
 def generate(capsys, directory, *flags):

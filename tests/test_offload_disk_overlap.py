@@ -13,7 +13,7 @@ import torch
 from moespec.decoding import DraftLengthPolicy, KernelPolicy, OracleDrafter, generate
 from moespec.kernels import get_kernel
 from moespec.models import load_model
-from moespec.models.converted import WEIGHTS_FILE, convert
+from moespec.models.converted import WEIGHTS_FILE
 from moespec.offload import make_policy
 from moespec.offload.engine import disk, executor
 from moespec.offload.engine.disk import DiskStore, DiskTierError
@@ -22,20 +22,6 @@ from moespec.offload.engine.executor import OffloadEngine
 PROMPT = [5, 17, 33, 2, 5, 17, 40, 41]
 TOKENS = 16
 CHUNKED = dict(chunk_bytes=disk.PAGE, read_depth=4)  # every run of a tiny expert in pieces
-
-
-@pytest.fixture(scope="module")
-def converted(checkpoint_dir, tmp_path_factory):
-    made = {}
-
-    def make(weights: str):
-        if weights not in made:
-            out = tmp_path_factory.mktemp("overlap") / weights
-            convert(checkpoint_dir("qwen3_moe")[0], out, weights=weights)
-            made[weights] = out
-        return made[weights]
-
-    return make
 
 
 def load(directory):

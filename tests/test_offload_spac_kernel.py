@@ -8,8 +8,9 @@ import pytest
 
 from moespec.offload.driver import LayerDriver
 from moespec.offload.policies import spac_kernel
-from moespec.offload.policies.base import ExpertCache, LayerTiming
+from moespec.offload.policies.base import ExpertCache
 from moespec.offload.policies.spac import ABLATIONS, SpAcPolicy
+from tests.layer_timings import random_timing
 
 needs_kernel = pytest.mark.skipif(
     not spac_kernel.available(), reason=f"no SpAc kernel: {spac_kernel.why_unavailable()}"
@@ -62,18 +63,7 @@ def _run(policy: SpAcPolicy, seed: int, tier_overlap: float, fused: bool = True,
                 layer, experts, counts, now, lambda l, e, t: driver.admit(l, e, "fetch", t)
             )
             decisions.append(("plan", placed.accelerator.tolist(), placed.cpu.tolist()))
-            cpu, acc = rng.random(2) * 1e-3
-            timing = LayerTiming(
-                layer,
-                float(cpu + acc + rng.random() * 1e-4),
-                float(cpu) if len(placed.cpu) else 0.0,
-                int(row[placed.cpu].sum()),
-                len(placed.cpu),
-                float(acc) if len(placed.accelerator) else 0.0,
-                len(placed.accelerator),
-                float(rng.random()) * 1e-3,
-                int(rng.integers(0, 3)),
-            )
+            timing = random_timing(rng, layer, placed, row, rest=True)
             driver.finish(layer, experts, counts, placed, timing)
             decisions.append(("tau", policy.tau.tolist(), policy.estimator.utility.tolist()))
             victim = policy.choose_victim(layer, int(experts[0]), now)

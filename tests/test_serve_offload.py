@@ -22,7 +22,6 @@ from fastapi.testclient import TestClient  # noqa: E402
 from moespec.cli import main  # noqa: E402
 from moespec.decoding import Sampler  # noqa: E402
 from moespec.errors import SettingError  # noqa: E402
-from moespec.models.converted import convert  # noqa: E402
 from moespec.serve import Job, load_engine  # noqa: E402
 from moespec.serve.app import create_app  # noqa: E402
 from moespec.session import OffloadSettings  # noqa: E402
@@ -38,10 +37,9 @@ HOST = {"offload": "lru", "expert_cache_ratio": 0.25}
 
 
 @pytest.fixture(scope="module")
-def converted(checkpoint_dir, tmp_path_factory):
-    out = tmp_path_factory.mktemp("serve-offload") / "fp32"
-    convert(checkpoint_dir("qwen3_moe")[0], out, weights="fp32")
-    return out
+def converted(converted):
+    """This module's converted directory: the session's fp32 one (conftest's `converted`)."""
+    return converted("fp32")
 
 
 def engine_for(directory, offload: dict | None = None, **settings):
