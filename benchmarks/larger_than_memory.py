@@ -9,11 +9,12 @@ One int8-converted model (`moespec convert SRC DST --weights int8`), the same pr
 --prompt-tokens tokens of held-out text) and greedy decoding of --tokens tokens in every arm:
 
     in-memory    moespec with every weight mapped and resident: the reference. Its greedy
-                 tokens must be every moespec arm's. It runs --rounds times before the hold
-                 (it cannot fit the memory the others get), its median the simulator's dense
-                 time, and the engine's own costs are timed right after it (the simulator
-                 subtracts them from it); --skip-in-memory leaves it out (the reference is
-                 then the first plain disk arm's run, taken under the hold and not timed in)
+                 tokens must be every moespec arm's. It runs once a round, before that
+                 round's hold (it cannot fit the memory the others get), its runs the
+                 simulator's dense time, and the engine's own costs are timed right after it
+                 each round (the simulator subtracts their medians from it); --skip-in-memory
+                 leaves it out (the reference is then the first plain disk arm's run, taken
+                 under the hold and not timed in)
     POLICY       moespec's disk tier (`open_engine(disk=True)`): experts read with direct I/O
                  into a RAM cache of --memory-budget, run by lru, static (the most used
                  resident), spac-ar (SpAc without speculation), ...
@@ -39,11 +40,12 @@ else --replay-reuse2) through `moespec.offload.engine.replay.RoutingReplay`; lla
 the model's routing only.
 
 Before the rounds the script measures this disk's direct-I/O random-read bandwidth over the
-model file (1 and 4 MiB O_DIRECT preads, 1 and --io-depth in flight). Rounds run every arm
-once, in an order turned by one place each round; per arm the JSON holds the median run and
-the range of tokens/s, with hit rate, bytes read per token, stall per token, the disk read
-rate during decode beside the probe, peak RSS, and whether the tokens are the reference's;
-`targets` scores issue 53's. Bad input is one line and exit status 2.
+model file (1 and 4 MiB O_DIRECT preads, 1 and --io-depth in flight). A round runs the
+in-memory arm (each routing), times the engine's costs, starts the hold, runs every held arm
+once, in an order turned by one place each round, and releases the hold; per arm the JSON
+holds the median run and the range of tokens/s, with hit rate, bytes read per token, stall
+per token, the disk read rate during decode beside the probe, peak RSS, and whether the
+tokens are the reference's; `targets` scores issue 53's. Bad input is one line and exit status 2.
 
 Traces (`--save-traces`, on by default): beside the JSON, in FILE's stem + ".traces/", each
 arm's routing as moespec routing traces (Parquet; `moespec.routing.store`), so that the
@@ -356,6 +358,24 @@ def engine_costs_job(job: dict) -> dict:
     return {**costs, "threads": job["kernel_threads"], "timed": "after the in-memory runs"}
 
 
+def median_costs(runs: list[dict]) -> dict:
+    """The engine's costs of every round: each figure's median over the rounds, the rounds'
+    own beside them (`by_round`)."""
+    import statistics
+
+    figures = ("slot_seconds", "call_seconds", "checksum_seconds")
+    return {
+        **runs[0],
+        **{k: statistics.median(r[k] for r in runs) for k in figures},
+        "medians_seconds": {
+            k: statistics.median(r["medians_seconds"][k] for r in runs)
+            for k in runs[0]["medians_seconds"]
+        },
+        "timed": "after the in-memory runs of every round; each figure the rounds' median",
+        "by_round": [{k: r[k] for k in figures} for r in runs],
+    }
+
+
 def facts_job(job: dict) -> dict:
     """The model's sizes, the prompt's tokens and the budget decided once (`disk_budget`:
     refused below one layer's active experts, capped above what is available)."""
@@ -660,40 +680,21 @@ def run(args) -> int:
                   file=sys.stderr)  # fmt: skip
             return {**result, "page_cache": cache}
 
-        # The reference: in memory, before the hold, as many rounds as the arms (its first
-        # run's tokens the reference, the median run its figures: one 3-second decode is not
-        # a time); else the first plain disk arm, held.
+        # Rounds: the in-memory reference (before the hold: it cannot fit the room the others
+        # get), the engine's own costs, then the hold and every held arm, then the hold
+        # released; so the reference and the costs the simulator fits share each round's
+        # phase of the host with the arms they are compared with (this host's decode moved
+        # 9.9-16.3 tok/s between runs minutes apart). The first in-memory run's tokens are
+        # the reference; the median run gives the figures (one 3-second decode is not a time).
         references, reference_runs, memory_runs = {}, {}, {}
         memory_arm = next((a for a in arms if a["kind"] == "in-memory"), None)
-        if memory_arm is not None:
-            for _ in range(args.rounds):
-                for source in sources:
-                    memory_runs.setdefault(source, []).append(measured(memory_arm, source))
-            for source, source_runs in memory_runs.items():
-                reference_runs[source] = source_runs[0]
-        # the engine's own costs, in the in-memory runs' phase: what the simulator's disk
-        # profile subtracts from their time per token (`simulate_disk_tier.py`; timed there
-        # minutes later, the kernel's time per slot moved 10% on this host's phases)
         costs_job = {
             **common, "job": "engine-costs", "label": "engine costs",
             "kernel": args.kernel, "kernel_threads": KERNEL_THREADS,
             "expert_slot_bytes": facts["expert_slot_bytes"], "top_k": facts["top_k"],
             "checksum": engine_facts()["checksum"],
         }  # fmt: skip
-        engine_cost = spawn(costs_job, scratch, args.arm_timeout)
-        engine_cost.pop("peak_rss_bytes", None)
-        available = mem_available()
-        held = hold_bytes(args.hold, available, budget, dense, args.hold_margin)
-        holder = Holder(held)
-        held_available = mem_available()
-        if memory_arm is None:
-            plain = next((a for a in arms if a["kind"] == "disk" and not a["draft"]), None)
-            if plain is None:
-                raise Refused("--skip-in-memory needs a plain disk arm for the reference tokens")
-            for source in sources:
-                reference_runs[source] = measured(plain, source)
-        for source in sources:
-            references[source] = reference_runs[source]["tokens"]
+        cost_runs, holds = [], []
         runs = {}
         order = [
             (arm, source)
@@ -703,12 +704,35 @@ def run(args) -> int:
         ]
         for r in range(args.rounds):
             print(f"round {r + 1} of {args.rounds}", file=sys.stderr)
+            if memory_arm is not None:
+                for source in sources:
+                    memory_runs.setdefault(source, []).append(measured(memory_arm, source))
+                    reference_runs.setdefault(source, memory_runs[source][0])
+            cost = spawn(costs_job, scratch, args.arm_timeout)
+            cost.pop("peak_rss_bytes", None)
+            cost_runs.append(cost)
+            available = mem_available()
+            holder = Holder(hold_bytes(args.hold, available, budget, dense, args.hold_margin))
+            holds.append({**holder.report, "available_before": available,
+                          "available_while_held": mem_available()})  # fmt: skip
+            if not reference_runs:  # --skip-in-memory: the first plain disk arm, held
+                plain = next((a for a in arms if a["kind"] == "disk" and not a["draft"]), None)
+                if plain is None:
+                    raise Refused(
+                        "--skip-in-memory needs a plain disk arm for the reference tokens"
+                    )
+                for source in sources:
+                    reference_runs[source] = measured(plain, source)
+            for source in sources:
+                references[source] = reference_runs[source]["tokens"]
             turn = r % len(order)
             for arm, source in order[turn:] + order[:turn]:
                 key = f"{arm['name']}|{source}"
                 run = measured(arm, source, references[source] if arm["draft"] else None)
                 runs.setdefault(key, []).append(run)
-        holder.stop()
+            holder.stop()
+            holder = None
+        engine_cost = median_costs(cost_runs)
         routings = {
             key: [r.pop("routing", None) for r in arm_runs] for key, arm_runs in runs.items()
         }
@@ -722,13 +746,13 @@ def run(args) -> int:
             results[f"reference|{source}"] = {
                 **arm_row(run, references[source], facts, budget, bandwidth),
                 "arm": (memory_arm or plain)["name"], "routing": source,
-                "memory_condition": "none (before the hold)" if memory_arm else "held",
+                "memory_condition": "none (round 1, before its hold)" if memory_arm else "held",
             }  # fmt: skip
         for key, row in summarize_runs(
             {f"in-memory|{source}": rs for source, rs in memory_runs.items()},
             references, facts, budget, bandwidth, memory_arm,
         ).items():  # fmt: skip
-            results[key] = {**row, "memory_condition": "none (before the hold)"}
+            results[key] = {**row, "memory_condition": "none (each round, before its hold)"}
         targets = score_targets(results, facts, budget, sources, runs)
         write_json(
             args.out,
@@ -759,10 +783,11 @@ def run(args) -> int:
                     "budget_bytes": budget,
                     "budget_requested_bytes": facts["budget_requested"],
                     "budget_note": facts["budget_note"],
-                    "available_before_hold": available,
-                    "hold": holder.report,
+                    "available_before_hold": holds[0]["available_before"],
+                    "hold": holds[0],
+                    "holds_by_round": holds,
                     "hold_margin_bytes": args.hold_margin,
-                    "available_while_held": held_available,
+                    "available_while_held": holds[0]["available_while_held"],
                     "room_bytes": budget + dense,
                     "swap_total_bytes": swap_total(),
                 },  # fmt: skip
@@ -778,7 +803,7 @@ def run(args) -> int:
                     ),
                     "draft_length": args.draft_length,
                 },  # fmt: skip
-                "reference": "in-memory (run before the hold)"
+                "reference": "in-memory (run each round before its hold)"
                 if memory_arm
                 else (
                     "the first plain disk arm's run under the hold (--skip-in-memory): tokens "

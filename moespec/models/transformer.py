@@ -123,6 +123,23 @@ class Transformer:
                 h = h[:, -1:]
             return linear(rms_norm(h, self.norm, eps), self.lm_head).float()
 
+    def warm_invariance(self, *, offloaded: bool = False) -> bool:
+        """Take batch invariance's one-time probes now (`kernels.invariance.invariant_rows`, per
+        weight shape and thread count: ~1.2 s for OLMoE-1B-7B's int8 projections and LM head on
+        2 cores) rather than inside the first verification pass, whose time they would join.
+        One scratch pass of MAX_PASS tokens on a scratch cache, the eager pass that verifies,
+        with every routed expert skipped (an executor that returns zeros: no expert is read,
+        so an offloaded model's files stay unread). Nothing to do where the model is not
+        batch-invariant or, in memory, where its native pass verifies (its products are
+        batch-invariant by construction, never probed). True where it ran the pass."""
+        if not self.batch_invariant or (not offloaded and self.native_step() is not None):
+            return False
+        tokens = torch.zeros(MAX_PASS, dtype=torch.long, device=self.embed.device)
+        self.forward(
+            tokens, self.new_cache(capacity=MAX_PASS), all_logits=True, offload=_no_experts
+        )
+        return True
+
     def native_step(self):
         """The native pass of this model (moespec.models.native_step), or None where it
         cannot run (`native_report` says why) or `native` is off."""
@@ -243,6 +260,11 @@ class Transformer:
         layer (seed 000's B(1) without the KV cache)."""
         experts = sum(b.top_k * b.experts.bytes_per_expert for b in self.moe_blocks.values())
         return self.parameter_bytes()["dense"] + experts
+
+
+def _no_experts(layer, x, expert_ids, expert_weights, kernel) -> torch.Tensor:
+    """An expert executor that computes nothing (`Transformer.warm_invariance`'s)."""
+    return torch.zeros_like(x)
 
 
 def pack_layer(layer: Layer, experts: bool = True) -> None:
