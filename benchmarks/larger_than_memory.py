@@ -337,16 +337,26 @@ def peak_rss() -> int:
 
 
 def engine_costs_job(job: dict) -> dict:
-    """The engine's own costs (`disk_tier.measure_engine_costs`: its kernel per expert slot
-    at one row, a call's fixed time, an expert's checksum) on this model's expert shapes,
-    timed at `kernel_threads` in the phase of the in-memory runs they are fitted beside."""
+    """The engine's own costs on this model, timed in the phase of the in-memory runs they
+    are fitted beside: the model's dense passes of 1 and k + 1 rows with its routed experts
+    skipped (`disk_tier.measure_dense_passes`, at the arms' threads, eager and
+    batch-invariant as the arms run), then its kernel per expert slot at one row, a call's
+    fixed time and an expert's checksum (`disk_tier.measure_engine_costs`, at
+    `kernel_threads`)."""
     import torch
 
-    from moespec.models import load_config
-    from moespec.offload.sim.disk_tier import measure_engine_costs
+    from moespec.models import load_model
+    from moespec.offload.sim.disk_tier import measure_dense_passes, measure_engine_costs
 
+    torch.set_num_threads(job["threads"])
+    model, _ = load_model(job["model"], pack_experts=False)
+    model.native, model.batch_invariant = False, True  # as every arm runs it
+    model.warm_invariance(offloaded=True)
+    rows = sorted({1, max(2, job["draft_length"] + 1)})
+    dense = measure_dense_passes(model, job["prompt"], rows)
+    config = model.config
+    model = None  # its mapped weights released before the kernel's store is made
     torch.set_num_threads(job["kernel_threads"])
-    config = load_config(job["model"])
     costs = measure_engine_costs(
         config.hidden_size,
         config.moe_intermediate_size,
@@ -355,7 +365,13 @@ def engine_costs_job(job: dict) -> dict:
         top_k=job["top_k"],
         checksum=job["checksum"],
     )
-    return {**costs, "threads": job["kernel_threads"], "timed": "after the in-memory runs"}
+    return {
+        **costs,
+        "threads": job["kernel_threads"],
+        "dense_pass_seconds": [[n, dense[n]] for n in rows],
+        "dense_threads": job["threads"],
+        "timed": "after the in-memory runs",
+    }
 
 
 def median_costs(runs: list[dict]) -> dict:
@@ -364,15 +380,21 @@ def median_costs(runs: list[dict]) -> dict:
     import statistics
 
     figures = ("slot_seconds", "call_seconds", "checksum_seconds")
+    dense = [dict(r["dense_pass_seconds"]) for r in runs if "dense_pass_seconds" in r]
     return {
         **runs[0],
         **{k: statistics.median(r[k] for r in runs) for k in figures},
+        **(
+            {"dense_pass_seconds": [[n, statistics.median(d[n] for d in dense)] for n in dense[0]]}
+            if dense
+            else {}
+        ),
         "medians_seconds": {
             k: statistics.median(r["medians_seconds"][k] for r in runs)
             for k in runs[0]["medians_seconds"]
         },
         "timed": "after the in-memory runs of every round; each figure the rounds' median",
-        "by_round": [{k: r[k] for k in figures} for r in runs],
+        "by_round": [{k: r[k] for k in (*figures, "dense_pass_seconds") if k in r} for r in runs],
     }
 
 
@@ -692,7 +714,8 @@ def run(args) -> int:
             **common, "job": "engine-costs", "label": "engine costs",
             "kernel": args.kernel, "kernel_threads": KERNEL_THREADS,
             "expert_slot_bytes": facts["expert_slot_bytes"], "top_k": facts["top_k"],
-            "checksum": engine_facts()["checksum"],
+            "checksum": engine_facts()["checksum"], "prompt": facts["prompt"],
+            "draft_length": args.draft_length,
         }  # fmt: skip
         cost_runs, holds = [], []
         runs = {}

@@ -66,6 +66,35 @@ def test_measurements_whose_slots_exceed_the_in_memory_time_are_refused():
         dt.DiskProfileFit().fit(bad)
 
 
+def test_dense_passes_timed_apart_give_the_dense_time_and_each_further_row():
+    """A pass of 5 rows costing 1.8x one row: each further row 0.2 of the first, not a whole
+    one (the residual reading priced every row as the first)."""
+    m = _measurements()
+    timed = dt.DiskMeasurements(
+        **{**m.__dict__, "dense_pass_seconds": ((1, 16 * 2e-3), (5, 16 * 3.6e-3))}
+    )
+    fit = dt.DiskProfileFit().fit(timed)
+    assert fit.dense_seconds_ == pytest.approx(2e-3)
+    assert fit.dense_row_seconds_ == pytest.approx(0.4e-3)
+    assert fit.profile_.layer_time == pytest.approx(2e-3)
+    assert fit.profile_.layer_token_time == pytest.approx(0.4e-3)
+    # the in-memory arm (built from a dense time of 3 ms) is then a check, not an input
+    assert fit.in_memory_predicted_ == pytest.approx(16 * (2e-3 + 8 * 2e-4 + 1e-4))
+    residual = dt.DiskProfileFit().fit(m)
+    assert residual.dense_row_seconds_ == residual.dense_seconds_ == pytest.approx(3e-3)
+
+
+def test_the_dense_passes_are_timed_with_no_expert_computed(converted, monkeypatch):
+    from moespec.models import load_model
+
+    model, _ = load_model(converted("int8"), pack_experts=False)
+    model.native, model.batch_invariant = False, True
+    for block in model.moe_blocks.values():  # a routed expert computed would raise
+        monkeypatch.setattr(block, "experts", None)
+    times = dt.measure_dense_passes(model, list(range(3, 19)), rows=(1, 5), repeats=3)
+    assert sorted(times) == [1, 5] and all(t > 0 for t in times.values())
+
+
 def test_an_arm_passes_within_the_tolerance_and_the_calibration_only_if_every_arm_does():
     assert dt.within(1.2) and dt.within(0.8) and not dt.within(1.21) and not dt.within(0.79)
     rows = {

@@ -18,9 +18,14 @@ The engine (`moespec.offload.engine.disk`) as the timing model sees it, one CPU 
     CPU tier     the experts with no slot: read through a staging area (the same reads on the
                  same threads, while the layer waits), then the same kernel: w / B + latencies
                  + slot_seconds per slot; its hidden states stay on the processor
-    dense        the rest of a pass (attention, router, norms, the LM head), per layer and pass
-                 token, from the in-memory arm's time per token less its expert slots and
-                 kernel calls: L (dense + m slot_seconds + call_seconds) = in-memory s / token
+    dense        the rest of a pass (attention, router, norms, the LM head), per layer: the
+                 model's own passes of 1 and k + 1 rows timed with every routed expert
+                 skipped (`dense_pass_seconds`: a pass's time and each further row's, as
+                 batch-invariant verification runs them: its int8 products take the rows in
+                 one call, its attention row by row); where a result lacks them (before these
+                 were timed), the in-memory arm's time per token less its expert slots and
+                 kernel calls, L (dense + m slot_seconds + call_seconds) = in-memory s / token,
+                 each further row priced as the first (a residual of ~10%: fragile)
     overlap      the engine's order, by the engine a result was measured on (`engine_of`):
                  before it computed on arrival, the CPU tier inline, then the slots' one
                  kernel call once every copy it waits for has arrived (`await_all_copies`);
@@ -63,6 +68,8 @@ class DiskMeasurements:
     call_seconds: float  # the kernel's fixed time per call
     checksum_seconds: float  # CPU time of one expert's checksum (the engine's)
     threads: int = 2
+    # ((rows, seconds), ...): the whole model's pass of `rows` tokens, routed experts skipped
+    dense_pass_seconds: tuple = ()
     sources: dict = field(default_factory=dict)  # where each figure comes from
 
 
@@ -72,8 +79,10 @@ class DiskProfileFit:
     io_threads: the engine's reads in flight (the probe's depth read); reads_per_expert: the
     reads one expert costs (its runs); compute_while_reading: the engine computes on arrival
     (its order since then; False: the engine before, `await_all_copies`). fit(measurements)
-    sets link_bandwidth_, read_latency_, dense_seconds_ (per layer and pass token) and
-    profile_; it returns self."""
+    sets link_bandwidth_, read_latency_, dense_seconds_ (per layer and pass),
+    dense_row_seconds_ (per layer and further row of a pass), in_memory_predicted_ (the
+    in-memory arm's seconds per token on these terms: a check where the dense time was timed
+    apart) and profile_; it returns self."""
 
     def __init__(
         self,
@@ -92,13 +101,26 @@ class DiskProfileFit:
         link_latency = self.reads_per_expert * self.read_latency_
         copy_seconds = link_latency + m.expert_bytes / self.link_bandwidth_
         per_layer = m.in_memory_token_seconds / m.num_layers
-        self.dense_seconds_ = per_layer - m.top_k * m.slot_seconds - m.call_seconds
-        if self.dense_seconds_ < 0:
-            raise ValueError(
-                f"the in-memory arm's {1e3 * per_layer:.2f} ms per layer is less than its "
-                f"{m.top_k} expert slots and kernel call take ({1e3 * m.slot_seconds:.3f} ms a "
-                f"slot): the measurements disagree"
-            )
+        if m.dense_pass_seconds:
+            passes = dict(m.dense_pass_seconds)
+            one, (rows, many) = passes[1], max(passes.items())
+            self.dense_seconds_ = one / m.num_layers
+            self.dense_row_seconds_ = max(many - one, 0.0) / (rows - 1) / m.num_layers
+            self.dense_source_ = "the model's passes timed with their routed experts skipped"
+        else:
+            self.dense_seconds_ = per_layer - m.top_k * m.slot_seconds - m.call_seconds
+            self.dense_row_seconds_ = self.dense_seconds_
+            self.dense_source_ = "the in-memory arm less its expert slots and kernel calls"
+            if self.dense_seconds_ < 0:
+                raise ValueError(
+                    f"the in-memory arm's {1e3 * per_layer:.2f} ms per layer is less than its "
+                    f"{m.top_k} expert slots and kernel call take "
+                    f"({1e3 * m.slot_seconds:.3f} ms a slot): the measurements disagree"
+                )
+        # what the in-memory arm's one-row pass comes to on these terms, beside what it took
+        self.in_memory_predicted_ = m.num_layers * (
+            self.dense_seconds_ + m.top_k * m.slot_seconds + m.call_seconds
+        )
         flops = 2 * m.expert_bytes / m.slot_seconds  # q / F = slot_seconds (int8: q = 2 w)
         self.link_cpu_share_ = min(m.checksum_seconds / copy_seconds, 1.0)
         self.profile_ = HardwareProfile(
@@ -114,7 +136,7 @@ class DiskProfileFit:
             cpu_expert_time=link_latency,
             cpu_threads=m.threads,
             layer_time=self.dense_seconds_,
-            layer_token_time=self.dense_seconds_,  # batch-invariant: each pass row its own
+            layer_token_time=self.dense_row_seconds_,
             kernel_call_time=m.call_seconds,
             tier_overlap=0.0,  # one processor, the engine's order (tier_overlap 0 on the CPU)
             decisions_on_clock=True,
@@ -129,7 +151,8 @@ class DiskProfileFit:
                     "link_latency": f"the probe's intercept per read x {self.reads_per_expert}",
                     "accelerator_flops": "the engine's kernel per slot at one row (q / F)",
                     "cpu_bandwidth": "the CPU tier reads through: the link's bandwidth",
-                    "layer_time": "the in-memory arm less its expert slots and kernel calls",
+                    "layer_time": self.dense_source_,
+                    "layer_token_time": self.dense_source_ + ": each further row",
                     "link_cpu_share": "an expert's checksum CPU time over its copy time",
                     **m.sources,
                 }.items()
@@ -340,6 +363,35 @@ def measure_engine_costs(
         "threads": torch.get_num_threads(),
         "medians_seconds": times,
     }
+
+
+def measure_dense_passes(model, prompt, rows=(1, 5), repeats: int = 11) -> dict:
+    """{rows: seconds} of the model's own pass of `rows` tokens after `prompt`, with every
+    routed expert skipped (an executor that returns zeros: attention, routers, norms, shared
+    experts and the LM head, as the model is set: its dtype, batch invariance and threads),
+    interleaved medians over `repeats`; the cache is rolled back after each pass."""
+    import torch
+
+    from moespec.offload.sim.hardware import _interleaved_medians
+
+    def skip(layer, x, expert_ids, expert_weights, kernel):
+        return torch.zeros_like(x)
+
+    cache = model.new_cache(capacity=len(prompt) + max(rows))
+    model.forward(torch.tensor(prompt), cache, offload=skip)
+    start = cache.length
+
+    def run(n: int):
+        tokens = torch.tensor(prompt[-n:])
+
+        def one():
+            model.forward(tokens, cache, all_logits=True, offload=skip)
+            cache.rollback(start)
+
+        return one
+
+    times = _interleaved_medians({n: run(n) for n in rows}, repeats)
+    return {int(n): t for n, t in times.items()}
 
 
 def checksum_function(name: str):
