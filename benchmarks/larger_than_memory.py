@@ -340,9 +340,9 @@ def engine_costs_job(job: dict) -> dict:
     """The engine's own costs on this model, timed in the phase of the in-memory runs they
     are fitted beside: the model's dense passes of 1 and k + 1 rows with its routed experts
     skipped (`disk_tier.measure_dense_passes`, at the arms' threads, eager and
-    batch-invariant as the arms run), then its kernel per expert slot at one row, a call's
-    fixed time and an expert's checksum (`disk_tier.measure_engine_costs`, at
-    `kernel_threads`)."""
+    batch-invariant as the arms run), then its kernel per expert slot at one row on the
+    arms' threads (a layer that awaits no read), and at `kernel_threads` with a call's fixed
+    time and an expert's checksum (`disk_tier.measure_engine_costs`)."""
     import torch
 
     from moespec.models import load_model
@@ -356,17 +356,15 @@ def engine_costs_job(job: dict) -> dict:
     dense = measure_dense_passes(model, job["prompt"], rows)
     config = model.config
     model = None  # its mapped weights released before the kernel's store is made
+    shape = (config.hidden_size, config.moe_intermediate_size, job["expert_slot_bytes"])
+    every = measure_engine_costs(*shape, kernel=job["kernel"], top_k=job["top_k"])  # threads
     torch.set_num_threads(job["kernel_threads"])
     costs = measure_engine_costs(
-        config.hidden_size,
-        config.moe_intermediate_size,
-        job["expert_slot_bytes"],
-        kernel=job["kernel"],
-        top_k=job["top_k"],
-        checksum=job["checksum"],
+        *shape, kernel=job["kernel"], top_k=job["top_k"], checksum=job["checksum"]
     )
     return {
         **costs,
+        "slot_seconds_all_threads": every["slot_seconds"],
         "threads": job["kernel_threads"],
         "dense_pass_seconds": [[n, dense[n]] for n in rows],
         "dense_threads": job["threads"],
@@ -380,6 +378,7 @@ def median_costs(runs: list[dict]) -> dict:
     import statistics
 
     figures = ("slot_seconds", "call_seconds", "checksum_seconds")
+    figures += tuple(k for k in ("slot_seconds_all_threads",) if all(k in r for r in runs))
     dense = [dict(r["dense_pass_seconds"]) for r in runs if "dense_pass_seconds" in r]
     return {
         **runs[0],

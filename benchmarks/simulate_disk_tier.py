@@ -357,6 +357,7 @@ def main(argv=None) -> int:
                 checksum_seconds=costs["checksum_seconds"],
                 threads=settings["threads"],
                 dense_pass_seconds=tuple(tuple(x) for x in costs.get("dense_pass_seconds", ())),
+                slot_seconds_all_threads=costs.get("slot_seconds_all_threads", 0.0),
             )
             fits[source] = dt.DiskProfileFit(
                 compute_while_reading=engine["compute_while_reading"]

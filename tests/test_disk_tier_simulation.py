@@ -226,6 +226,29 @@ def test_on_arrival_the_cpu_tier_runs_after_the_cached_experts_and_misses_come_i
     assert (end, waited) == pytest.approx((4.0 + 0.1 + 0.5, 4.0 - 2.35), abs=1e-9)
 
 
+def test_on_arrival_the_kernel_runs_on_every_thread_once_it_awaits_no_read():
+    """The engine computes on one thread while reads are in flight, on every thread once the
+    layer awaits none: here twice as fast a slot (0.125 s)."""
+    trace = dt.trace_of([[[0, 1]], [[2, 3]]], 4, W, [0])
+    settings = SimulationSettings(cache_ratio=1.0, draft_length=0, tokens=1, fit_tokens=1,
+                                  bytes_per_parameter=1.0)  # fmt: skip
+    profile = _profile(compute_while_reading=True, accelerator_flops_alone=2 * W / 0.125)
+    run = _Run(trace, make_policy("lru"), profile, settings)
+    experts, row = np.arange(4), np.array([1, 2, 1, 1])
+    run.cache.ready_at[0, experts] = 0.0  # nothing awaited: one call on every thread
+    assert run._on_arrival_time(0, experts, row, 1.0, cpu_busy=0.5) == pytest.approx(
+        (0.625, 1.0 + 0.5 + 0.1 + 0.625, 0.0), abs=1e-9
+    )
+    run.cache.ready_at[0, experts] = [0.0, 1.2, 2.0, 3.0]
+    busy, end, waited = run._on_arrival_time(0, experts, row, 1.0, cpu_busy=0.5)
+    # as on one thread to 3.0 (the case above), then the last arrival's call on every thread
+    assert (busy, end, waited) == pytest.approx((1.125, 3.0 + 0.1 + 0.125, 0.2), abs=1e-9)
+    fit = dt.DiskProfileFit(compute_while_reading=True).fit(
+        dt.DiskMeasurements(**{**_measurements().__dict__, "slot_seconds_all_threads": 1e-4})
+    )
+    assert 2 * 6 * MIB / fit.profile_.accelerator_flops_alone == pytest.approx(1e-4)
+
+
 def test_a_profile_takes_one_engines_order():
     with pytest.raises(ValueError, match="set one"):
         _profile(await_all_copies=True, compute_while_reading=True)

@@ -14,7 +14,9 @@ The engine (`moespec.offload.engine.disk`) as the timing model sees it, one CPU 
     accelerator  the RAM slots, computed by the engine's kernel on this CPU: the per-slot kernel
                  reads an expert's weights again for every (token, expert) slot, and the
                  benchmark decodes batch-invariant (each verify row with its one-token
-                 products), so a slot costs `slot_seconds` and nothing is per expert
+                 products), so a slot costs `slot_seconds` and nothing is per expert; on one
+                 thread while reads are in flight, on every thread where the layer awaits no
+                 read (`slot_seconds_all_threads`: ~1.4x faster on 2 cores)
     CPU tier     the experts with no slot: read through a staging area (the same reads on the
                  same threads, while the layer waits), then the same kernel: w / B + latencies
                  + slot_seconds per slot; its hidden states stay on the processor
@@ -70,6 +72,9 @@ class DiskMeasurements:
     threads: int = 2
     # ((rows, seconds), ...): the whole model's pass of `rows` tokens, routed experts skipped
     dense_pass_seconds: tuple = ()
+    # the kernel per slot on every thread (the engine's where a layer awaits no read); 0:
+    # slot_seconds (results before it was timed)
+    slot_seconds_all_threads: float = 0.0
     sources: dict = field(default_factory=dict)  # where each figure comes from
 
 
@@ -122,6 +127,8 @@ class DiskProfileFit:
             self.dense_seconds_ + m.top_k * m.slot_seconds + m.call_seconds
         )
         flops = 2 * m.expert_bytes / m.slot_seconds  # q / F = slot_seconds (int8: q = 2 w)
+        alone = m.slot_seconds_all_threads or m.slot_seconds
+        flops_alone = 2 * m.expert_bytes / alone if self.compute_while_reading else 0.0
         self.link_cpu_share_ = min(m.checksum_seconds / copy_seconds, 1.0)
         self.profile_ = HardwareProfile(
             name="disk-ram",
@@ -129,6 +136,7 @@ class DiskProfileFit:
             link_latency=link_latency,
             accelerator_bandwidth=UNREAD,
             accelerator_flops=flops,
+            accelerator_flops_alone=flops_alone,
             accelerator_expert_time=0.0,
             accelerator_memory=0.0,
             cpu_bandwidth=self.link_bandwidth_,  # the CPU tier reads its experts through
@@ -149,7 +157,10 @@ class DiskProfileFit:
                 {
                     "link_bandwidth": "direct-read probe at the engine's depth: slope over blocks",
                     "link_latency": f"the probe's intercept per read x {self.reads_per_expert}",
-                    "accelerator_flops": "the engine's kernel per slot at one row (q / F)",
+                    "accelerator_flops": "the engine's kernel per slot at one row (q / F), on "
+                    "one thread (the engine's while reads are in flight)",
+                    "accelerator_flops_alone": "the same on every thread (the engine's where a "
+                    "layer awaits no read)",
                     "cpu_bandwidth": "the CPU tier reads through: the link's bandwidth",
                     "layer_time": self.dense_source_,
                     "layer_token_time": self.dense_source_ + ": each further row",

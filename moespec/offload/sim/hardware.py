@@ -75,6 +75,10 @@ class HardwareProfile:
     link_cpu_share: float = 1.0
     await_all_copies: bool = False
     compute_while_reading: bool = False
+    # compute_while_reading: the FLOP/s of the accelerator's kernel where it awaits no copy
+    # (the disk tier's kernel then runs on every thread, on one while reads are in flight;
+    # 0: accelerator_flops)
+    accelerator_flops_alone: float = 0.0
     sources: tuple = ()  # (field, where its number comes from) pairs
 
     def __post_init__(self):

@@ -203,6 +203,7 @@ class _Costs:
         p = profile
         self.acc_expert = p.accelerator_expert_time + w / p.accelerator_bandwidth
         self.acc_slot = q / p.accelerator_flops
+        self.acc_slot_alone = q / (p.accelerator_flops_alone or p.accelerator_flops)
         self.cpu_expert = p.cpu_expert_time + w / p.cpu_bandwidth
         self.cpu_slot = q / p.cpu_flops
         self.copy = p.link_latency + w / p.link_bandwidth
@@ -514,25 +515,29 @@ class _Run:
         router's output: the order of the disk tier's executor (`_compute_on_arrival`)."""
         costs = self.costs
         per_expert = costs.acc_expert[layer] + row[accelerator] * costs.acc_slot[layer]
+        alone = costs.acc_expert[layer] + row[accelerator] * costs.acc_slot_alone[layer]
         arrival = self.cache.ready_at[layer, accelerator]
         waiting = arrival > now
-        if not waiting.any():  # the engine's one pass: the CPU tier, then one call
+        if not waiting.any():  # the engine's one pass: the CPU tier, then one call (every thread)
             called = costs.kernel_call if len(accelerator) else 0.0
-            return float(per_expert.sum()), float(now + cpu_busy + called + per_expert.sum()), 0.0
+            return float(alone.sum()), float(now + cpu_busy + called + alone.sum()), 0.0
         t = now
-        if not waiting.all():  # the experts in RAM, while the misses are read
+        if not waiting.all():  # the experts in RAM, on one thread while the misses are read
             t += costs.kernel_call + per_expert[~waiting].sum()
         t += cpu_busy
         order = np.argsort(arrival[waiting], kind="stable")  # the link's: copies in sequence
         arrivals, times = arrival[waiting][order], per_expert[waiting][order]
-        waited, first = 0.0, 0
+        last_times = alone[waiting][order]  # the call after the last arrival: every thread
+        waited, first, busy = 0.0, 0, float(per_expert[~waiting].sum())
         while first < len(arrivals):  # the first awaited, with every one in by then: one call
             waited += max(float(arrivals[first]) - t, 0.0)
             t = max(t, float(arrivals[first]))
             last = int(np.searchsorted(arrivals, t, side="right"))
-            t += costs.kernel_call + times[first:last].sum()
+            group = (last_times if last == len(arrivals) else times)[first:last].sum()
+            t += costs.kernel_call + group
+            busy += float(group)
             first = last
-        return float(per_expert.sum()), float(t), waited
+        return busy, float(t), waited
 
     def result(self) -> "SimulationResult":
         self.driver.check_budget()
