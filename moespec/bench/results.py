@@ -364,6 +364,16 @@ RESULTS = [
         ),
         13,
     ),
+    Result(  # SpAc's kernel reading a layer's rows ahead, against the commit before it
+        "policy-overhead-prefetch-avx2",
+        ("policy_overhead_prefetch_avx2.json",),
+        (
+            "python benchmarks/policy_overhead.py --out "
+            f"{RESULTS_DIR}/policy_overhead_prefetch_avx2.json --rounds 3 --tokens 64 "
+            "--policies spac --before-rev 421236a --force",
+        ),
+        6,
+    ),
     Result(
         "captured-step",
         ("captured_step.json",),
