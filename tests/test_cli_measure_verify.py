@@ -23,7 +23,7 @@ def test_measure_verify_writes_every_sample_and_keeps_an_existing_file(
     assert set(records) == {(k, n) for k in ("slot", "dedup") for n in (1, 2, 3)}
     assert all(len(r["seconds"]) == 2 and r["depth"] == 16 for r in records.values())
     assert all(r["mode"] == "stream" for r in records.values())
-    assert result["text"] == "the test documents of moespec.calibrate.texts"
+    assert result["text"] == "continuations"  # as `plan` times its verify passes
     settings = {"kernels": ["slot", "dedup"], "repeats": 2, "verify_mode": "stream"}
     settings["batch_invariant"] = True  # as `generate` verifies by default
     assert result["provenance"]["settings"] == settings
@@ -165,3 +165,27 @@ def test_a_measurement_outside_the_text_is_refused(checkpoint_dir):
         time_pass(model, cache, list(range(20)), 8, 3, "slot", passes=6)
     with pytest.raises(ValueError, match="verify mode 'alone'"):
         pass_span(8, 1, "alone")
+
+
+def test_the_verify_text_is_plans_continuation_or_the_documents(checkpoint_dir, monkeypatch):
+    from moespec.calibrate import texts
+    from moespec.calibrate.verify import pass_span, verify_run
+    from moespec.errors import SettingError
+
+    model = checkpoint_dir("qwen3_moe")[0]
+    asked = []
+    chosen = texts.verify_tokens
+
+    def recording(model, tokenizer, kind, first, end, progress):
+        asked.append((kind, first, end))
+        return chosen(model, tokenizer, kind, first, end, progress)
+
+    monkeypatch.setattr(texts, "verify_tokens", recording)
+    common = dict(dtype="fp32", max_n=2, depth=16, repeats=1)
+    assert verify_run(model, **common)["text"] == "continuations"
+    documents = verify_run(model, **common, verify_text_kind="documents")
+    assert documents["text"] == "documents"
+    span = pass_span(16, 2)  # plan's span: the stream passes of max_n at depth
+    assert asked == [("continuations", *span), ("documents", *span)]
+    with pytest.raises(SettingError, match="not a verify text"):
+        verify_run(model, **common, verify_text_kind="poems")

@@ -33,17 +33,17 @@ from moespec.calibrate.predict import (
     verify_times,
 )
 from moespec.calibrate.texts import (
-    CONTINUATION_PROMPT,
     TRACE_TOKENS,
     VERIFY_MIN_REPEATS,
     VERIFY_REPEATS,
     VERIFY_SECONDS,
     VERIFY_TEXTS,
     VERIFY_WARMUP,
-    fit_continuations,
+    check_verify_text,
     stdlib_documents,
     verify_documents,
     verify_text,
+    verify_tokens,
 )
 from moespec.calibrate.timing import FLUSH_BYTES, last_level_cache_bytes, read_bandwidth
 from moespec.calibrate.verify import (
@@ -286,11 +286,7 @@ def plan_chain(
     settings = settings or BenchSettings()
     plan_path = out_dir / "plan.json"
     refuse_existing(plan_path, force)
-    if verify_text_kind not in VERIFY_TEXTS:
-        raise SettingError(
-            f"{setting('verify_text', verify_text_kind)} is not a verify text: expected one "
-            f"of {', '.join(VERIFY_TEXTS)}"
-        )
+    check_verify_text(verify_text_kind)
     model, tokenizer, layers = load_target(model_dir, dtype, weights, bench_layers, progress)
     settings = engine_cache_state(settings, model)
     stages.done("load")
@@ -484,24 +480,10 @@ def routing_trace(
 
 
 def plan_text(model, tokenizer, kind: str, depth: int, max_n: int, progress) -> list[int]:
-    """The tokens a plan's whole-model verify passes run on. "continuations": the first
-    CONTINUATION_PROMPT tokens of a fit document, then the target's greedy continuation up to
-    the last stream pass of max_n tokens at `depth`, so every timed pass verifies text of the
-    kind decoding verifies (what an evaluation's in-process calibration times by default;
-    on the demo target, in one process, its verify-time error was 3.3% / 11.5% against
-    24-31% on the documents). The prompt is a fit document's start, never a test document
-    that evaluations score on. "documents": the test documents one after another (plans
-    before this reading)."""
-    if kind == "documents":
-        return verify_text(tokenizer)
-    from moespec.models.context import fit_context
-
+    """The tokens a plan's whole-model verify passes run on (`texts.verify_tokens`), up to the
+    last stream pass of max_n tokens at `depth`."""
     first, end = pass_span(depth, max_n, "stream", STREAM_PASSES)
-    what, fix = f"a pass after {depth} tokens", f"lower {setting('depth')}"
-    fit_context(range(end), model.config, what=what, fix=fix)  # before decoding any of it
-    prompt = min(CONTINUATION_PROMPT, max(1, first))
-    progress.start(f"decoding the verify text: {end - prompt} greedy tokens after {prompt}")
-    return fit_continuations(model, tokenizer, 1, prompt, end - prompt)[0]
+    return verify_tokens(model, tokenizer, kind, first, end, progress)
 
 
 def draft_times(draft_dir, tokenizer, dtype, text, depth, max_n, progress) -> np.ndarray:

@@ -21,9 +21,9 @@ VERIFY_MIN_REPEATS = 5
 VERIFY_SECONDS = 200.0
 VERIFY_WARMUP = 1
 
-# What a plan's whole-model verify passes run on (`calibrate.plan.plan_text`): the target's
-# greedy continuation of a fit document's first CONTINUATION_PROMPT tokens (the kind of text
-# decoding verifies), or the test documents one after another.
+# What whole-model verify passes run on (`verify_tokens`, for `plan` and `measure-verify`):
+# the target's greedy continuation of a fit document's first CONTINUATION_PROMPT tokens (the
+# kind of text decoding verifies), or the test documents one after another.
 VERIFY_TEXTS = ("continuations", "documents")
 CONTINUATION_PROMPT = 64
 
@@ -79,3 +79,37 @@ def fit_continuations(model, tokenizer, count: int, prompt_tokens: int, tokens: 
     if not prompts:
         raise ValueError(f"no fit document gives a prompt of {prompt_tokens} tokens")
     return [p + greedy_reference(model, p, tokens) for p in prompts]
+
+
+def check_verify_text(kind: str) -> None:
+    """Refuse a verify text that is not one of VERIFY_TEXTS (a SettingError naming it)."""
+    from moespec.errors import SettingError, setting
+
+    if kind not in VERIFY_TEXTS:
+        raise SettingError(
+            f"{setting('verify_text', kind)} is not a verify text: expected one of "
+            f"{', '.join(VERIFY_TEXTS)}"
+        )
+
+
+def verify_tokens(model, tokenizer, kind: str, first: int, end: int, progress) -> list[int]:
+    """The tokens whole-model verify passes run on, the positions [first, end) timed (the
+    caller's `calibrate.verify.pass_span`). "continuations": the first CONTINUATION_PROMPT
+    tokens of a fit document (fewer where `first` comes sooner), then the target's greedy
+    continuation up to `end`, so every timed pass verifies text of the kind decoding verifies
+    (what an evaluation's in-process calibration times by default; on the demo target, in one
+    process, its verify-time error was 3.3% / 11.5% against 24-31% on the documents). The
+    prompt is a fit document's start, never a test document that evaluations score on; its
+    length is checked against the context before any of it is decoded. "documents": the test
+    documents one after another (plans before this reading)."""
+    from moespec.errors import setting
+    from moespec.models.context import fit_context
+
+    check_verify_text(kind)
+    if kind == "documents":
+        return verify_text(tokenizer)
+    fit_context(range(end), model.config, what=f"a pass ending at token {end}",
+                fix=f"lower {setting('depth')}")  # fmt: skip
+    prompt = min(CONTINUATION_PROMPT, max(1, first))
+    progress.start(f"decoding the verify text: {end - prompt} greedy tokens after {prompt}")
+    return fit_continuations(model, tokenizer, 1, prompt, end - prompt)[0]

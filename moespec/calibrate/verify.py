@@ -186,24 +186,32 @@ def verify_run(
     repeats: int = 10,
     mode: str = "stream",
     batch_invariant: bool = True,
+    verify_text_kind: str = "continuations",
     progress: Progress | None = None,
 ) -> dict:
     """What `moespec measure-verify` records: the checkpoint at `model_dir` loaded as `dtype`
     (and `weights`), its verify passes of n = 1..max_n tokens per kernel on the tokens of
-    `text` (a file; default: the test documents the plan measures on, `calibrate.texts`) as
+    `text` (a file; default: `verify_text_kind` as `plan` reads it, `texts.verify_tokens`:
+    the target's greedy continuation of a fit document's start, or the test documents) as
     `mode` times a pass (`time_pass`), batch-invariant as decoding verifies by default (or
     not), with the model, weight paths, depth, every record and the provenance."""
     from pathlib import Path
 
-    from moespec.calibrate.texts import verify_text
+    from moespec.calibrate.texts import check_verify_text, verify_tokens
     from moespec.demo import describe
     from moespec.kernels.cpu import weight_paths
     from moespec.models import load_model
     from moespec.provenance import provenance
 
+    check_verify_text(verify_text_kind)  # before the model loads
+    progress = progress or Progress(False)
     model, tokenizer = load_model(model_dir, dtype=dtype, weights=weights)
     model.batch_invariant = batch_invariant
-    tokens = tokenizer.encode(Path(text).read_text()) if text else verify_text(tokenizer)
+    if text:
+        tokens = tokenizer.encode(Path(text).read_text())
+    else:
+        first, end = pass_span(depth, max_n, "stream", STREAM_PASSES)
+        tokens = verify_tokens(model, tokenizer, verify_text_kind, first, end, progress)
     records = measure_verify(
         model,
         tokens,
@@ -218,7 +226,7 @@ def verify_run(
         "model": describe(model_dir),
         "dtype": dtype,
         "weights": weight_paths(model.expert_format, model.dense_format, model.dtype),
-        "text": str(text) if text else "the test documents of moespec.calibrate.texts",
+        "text": str(text) if text else verify_text_kind,
         "depth": depth,
         "records": records,
         "provenance": provenance(

@@ -23,6 +23,8 @@ HELP = "measure whole-model verify time per kernel at n = 1..max-n"
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
+    from moespec.calibrate.texts import VERIFY_TEXTS
+
     parser.add_argument(
         "--model", metavar="DIR", type=checkpoint_dir, help="checkpoint (default: the demo model)"
     )
@@ -30,7 +32,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--text",
         metavar="FILE",
         type=existing_file,
-        help="text to verify (default: the held-out test documents the plan measures on)",
+        help="text to verify (default: --verify-text's)",
+    )
+    parser.add_argument(
+        "--verify-text",
+        choices=VERIFY_TEXTS,
+        default=VERIFY_TEXTS[0],
+        help="without --text: the target's greedy continuation of a fit document's start, as "
+        "`moespec plan` times by default, or the held-out test documents",
     )
     parser.add_argument("--kernels", default="slot,dedup")
     parser.add_argument("--max-n", type=positive_int, default=9)
@@ -71,6 +80,7 @@ def run(args: argparse.Namespace) -> int:
             repeats=args.repeats,
             mode=args.verify_mode,
             batch_invariant=args.batch_invariant == "on",
+            verify_text_kind=args.verify_text,
             progress=progress,
         )
     if args.out:
