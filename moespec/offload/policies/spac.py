@@ -27,10 +27,12 @@ below (estimator.py, balancer.py, queues.py), which run where it does not build,
 `MOESPEC_NATIVE=0`, without speculation (the ring of counts) and with `link_fetch`
 (tests/test_offload_spac_kernel.py compares the two). The layer driver hands it its pins
 and the unit times' update (`layer_kernel`). On Qwen3-30B-A3B shapes the driver's plan and
-finish with it take 10.6 us per layer pass in the simulator (0.51 ms a step of 48 layers),
+finish with it take 8.7 us per layer pass in the simulator (0.42 ms a step of 48 layers),
 net of the clock's readings, on a 2-core AVX2 host, against ~200 us for the Python classes
-there (benchmarks/results/policy_overhead_avx2.json). Most of that is memory: called back to
-back, with the caches warm, the same calls take ~5 us, and ~36 us after 4 MiB of other reads.
+there (benchmarks/results/policy_overhead_avx2.json, policy_overhead_prefetch_avx2.json).
+Most of that is memory: called back to back, with the caches warm, the same calls take ~5
+us, and ~36 us after 4 MiB of other reads; each call therefore starts by prefetching the
+layer's rows, so their misses overlap (10.6 us before).
 """
 
 from dataclasses import dataclass, replace
