@@ -10,11 +10,11 @@ One int8-converted model (`moespec convert SRC DST --weights int8`), the same pr
 
     in-memory    moespec with every weight mapped and resident: the reference. Its greedy
                  tokens must be every moespec arm's. It runs once a round, before that
-                 round's hold (it cannot fit the memory the others get), its runs the
-                 simulator's dense time, and the engine's own costs are timed right after it
-                 each round (the simulator subtracts their medians from it); --skip-in-memory
-                 leaves it out (the reference is then the first plain disk arm's run, taken
-                 under the hold and not timed in)
+                 round's hold (it cannot fit the memory the others get), and the engine's own
+                 costs are timed right after it each round (`engine_costs_job`: what the
+                 simulator's disk profile is fitted from; the in-memory runs check it);
+                 --skip-in-memory leaves it out (the reference is then the first plain disk
+                 arm's run, taken under the hold and not timed in)
     POLICY       moespec's disk tier (`open_engine(disk=True)`): experts read with direct I/O
                  into a RAM cache of --memory-budget, run by lru, static (the most used
                  resident), spac-ar (SpAc without speculation), ...

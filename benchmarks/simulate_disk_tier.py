@@ -5,16 +5,17 @@
 
 RESULT.json is a benchmarks/larger_than_memory.py result. The disk profile is fitted
 (`moespec.offload.sim.disk_tier.DiskProfileFit`) from what was measured apart from the
-offloaded arms' tokens/s: the result's direct-read probe, its in-memory arm's time per token
-(the median of its runs over every round and routing source: `reference_token_seconds`),
-and the engine's own
-costs (`measure_engine_costs`: its kernel per expert slot, a call's fixed time, an expert's
-checksum) as the result timed them right after its in-memory runs (results since it does),
-else timed here (--time-costs: here in any case), or read from --costs (this script's own
-output, to refit without timing again). The profile's dense time per layer is the in-memory
-time less the slots': a residual of about a tenth of it on OLMoE-1B-7B int8, so costs timed
-in another phase of the host than the run (10% slower kernel minutes later) can leave it
-below zero, which the fit refuses. The engine modelled is the one the result
+offloaded arms' tokens/s: the result's direct-read probe and the engine's own costs as the
+run timed them each round after its in-memory runs (the model's dense passes of 1 and k + 1
+rows with the routed experts skipped, the kernel per expert slot on one thread and on all, a
+call's fixed time, an expert's checksum; `measure_engine_costs`); or read from --costs (this
+script's own output, to refit without timing again), or timed here (--time-costs, and
+results from before the run timed them: the kernel and checksum only). Where the dense
+passes are missing, the dense time per layer is the in-memory arm's time per token (the
+median of its runs over every round and routing source: `reference_token_seconds`) less
+its slots: a residual of about a tenth of it on OLMoE-1B-7B int8, which carries that arm's
+noise tenfold; where they are there, the in-memory arm is a check (`in_memory_predicted_`
+beside it). The engine modelled is the one the result
 says it ran on (its "engine" block, `disk_tier.engine_of`; a result without one ran before the
 engine computed on arrival): its checksum is the one timed, its order of reads and compute the
 profile's (`await_all_copies` before, `compute_while_reading` since). Every disk arm is then
@@ -236,8 +237,6 @@ def seed_003_grid(tokens: int, seed: int = 0) -> dict:
     """Per setting of SEED_003_SETTINGS: every policy's simulated tokens/s on Qwen3-30B-A3B
     shapes, SpAc over the best other policy of its decoding mode (speculative, plain) and
     speculation's gain (the best speculative policy over the best plain one)."""
-    from dataclasses import replace
-
     from moespec.offload import get_profile, make_policy
     from moespec.offload.sim.calibration import gate_workload
     from moespec.offload.sim.experiments import settings_for
@@ -252,11 +251,9 @@ def seed_003_grid(tokens: int, seed: int = 0) -> dict:
     for name, change in SEED_003_SETTINGS.items():
         work = workloads[change.get("routing", "default")]
         profile = get_profile(change.get("profile", "rtx4090-pcie4"))
-        fields = {k: v for k, v in change.items() if k in ("cache_ratio", "acceptance")}
-        settings = replace(
-            settings_for(work, cache_ratio=0.25, draft_length=8, acceptance=0.7, tokens=tokens),
-            seed=seed, **fields,
-        )  # fmt: skip
+        fields = {"cache_ratio": 0.25, "acceptance": 0.7}
+        fields.update((k, v) for k, v in change.items() if k in fields)
+        settings = settings_for(work, draft_length=8, tokens=tokens, seed=seed, **fields)
         rates = {}
         for policy in (*SEED_003_SPECULATIVE, *SEED_003_PLAIN):
             fitted = make_policy(policy).fit(work.fit_trace())

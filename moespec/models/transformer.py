@@ -135,9 +135,7 @@ class Transformer:
         if not self.batch_invariant or (not offloaded and self.native_step() is not None):
             return False
         tokens = torch.zeros(MAX_PASS, dtype=torch.long, device=self.embed.device)
-        self.forward(
-            tokens, self.new_cache(capacity=MAX_PASS), all_logits=True, offload=_no_experts
-        )
+        self.forward(tokens, self.new_cache(capacity=MAX_PASS), all_logits=True, offload=no_experts)
         return True
 
     def native_step(self):
@@ -262,8 +260,9 @@ class Transformer:
         return self.parameter_bytes()["dense"] + experts
 
 
-def _no_experts(layer, x, expert_ids, expert_weights, kernel) -> torch.Tensor:
-    """An expert executor that computes nothing (`Transformer.warm_invariance`'s)."""
+def no_experts(layer, x, expert_ids, expert_weights, kernel) -> torch.Tensor:
+    """An expert executor that computes nothing: a pass of everything but the routed experts
+    (`Transformer.warm_invariance`, the disk tier's dense timing)."""
     return torch.zeros_like(x)
 
 

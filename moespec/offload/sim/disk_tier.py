@@ -383,26 +383,23 @@ def measure_dense_passes(model, prompt, rows=(1, 5), repeats: int = 11) -> dict:
     interleaved medians over `repeats`; the cache is rolled back after each pass."""
     import torch
 
+    from moespec.models.transformer import no_experts
     from moespec.offload.sim.hardware import _interleaved_medians
 
-    def skip(layer, x, expert_ids, expert_weights, kernel):
-        return torch.zeros_like(x)
-
     cache = model.new_cache(capacity=len(prompt) + max(rows))
-    model.forward(torch.tensor(prompt), cache, offload=skip)
+    model.forward(torch.tensor(prompt), cache, offload=no_experts)
     start = cache.length
 
     def run(n: int):
         tokens = torch.tensor(prompt[-n:])
 
         def one():
-            model.forward(tokens, cache, all_logits=True, offload=skip)
+            model.forward(tokens, cache, all_logits=True, offload=no_experts)
             cache.rollback(start)
 
         return one
 
-    times = _interleaved_medians({n: run(n) for n in rows}, repeats)
-    return {int(n): t for n, t in times.items()}
+    return _interleaved_medians({n: run(n) for n in rows}, repeats)
 
 
 def checksum_function(name: str):
