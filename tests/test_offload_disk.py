@@ -225,6 +225,46 @@ def test_close_returns_promptly_with_prefetches_queued_and_stops_every_reader(co
     assert len(link.threads) == disk.IO_THREADS and link.error is None
 
 
+class SlowDisk:
+    """The store's own backend, each read held for `delay` seconds (a disk slower than this
+    one, so that reads in flight overlap by a known amount)."""
+
+    def __init__(self, backend, delay: float):
+        self.backend, self.delay, self.link_threads = backend, delay, 2
+
+    def copy(self, pool, job, layer):
+        time.sleep(self.delay)
+        self.backend.copy(pool, job, layer)
+
+
+def test_the_links_busy_time_counts_overlapping_reads_once(converted):
+    model = load(converted("fp32"))
+    store = DiskStore.for_model(model)
+    pool = store.slot_pool(4)
+    lock, arrived = threading.Condition(), []
+    jobs = [CopyJob(0, e, e, "fetch") for e in range(4)]
+    link = Link(pool, store, SlowDisk(store.backend, 0.2), lock, lambda: None, arrived.append)
+    try:
+        with lock:
+            link.take_busy()
+            start = time.perf_counter()
+            link.fetches.extend(jobs)  # two reads in flight, twice over
+            lock.notify_all()
+        while len(arrived) < len(jobs):
+            with lock:
+                lock.wait(0.01)
+        with lock:
+            wall, busy = time.perf_counter() - start, link.take_busy()
+            assert link.take_busy() < 0.01  # counted once
+    finally:
+        link.close()
+        store.close()
+    own = sum(job.seconds for job in jobs)
+    assert own >= 0.8  # each read's own duration: four reads of 0.2 s
+    assert 0.4 <= busy <= wall  # the link: two rounds of two overlapping reads
+    assert busy < 0.75 * own
+
+
 def test_the_disk_tier_refuses_a_model_that_was_not_converted(checkpoint_dir):
     model = load_model(checkpoint_dir("qwen3_moe")[0], dtype="fp32")[0]
     with pytest.raises(ValueError, match="moespec convert"):

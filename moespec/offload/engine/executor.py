@@ -146,7 +146,7 @@ class OffloadEngine:
         self.started = self._step_open = False
         self._prompt_ids = [[] for _ in range(layers)]
         self._pending: dict[tuple[int, int], CopyJob] = {}
-        self._copy_seconds, self._copies_done = 0.0, 0
+        self._copies_done = 0
         self.log = [] if record else None  # pins, evictions, unpins, in lock order (for tests)
         self.driver = LayerDriver(self.cache, policy, self, self.log)
         self.totals = OffloadStats()  # the driver's counts at the last take_stats()
@@ -355,7 +355,6 @@ class OffloadEngine:
     def _arrived(self, job: CopyJob) -> None:
         self.cache.ready_at[job.layer, job.expert] = self._clock()
         del self._pending[job.layer, job.expert]
-        self._copy_seconds += job.seconds
         self._copies_done += 1
 
     # Outside the lock: the compute.
@@ -485,8 +484,9 @@ class OffloadEngine:
         acc_seconds = acc_timer.seconds() if acc_timer is not None else 0.0
         end = self._clock()
         with self.lock:
-            copy_seconds, copies = self._copy_seconds, self._copies_done
-            self._copy_seconds, self._copies_done = 0.0, 0
+            # the link's busy time (not the reads' own, which overlap): the simulator's reading
+            copy_seconds = self.link.take_busy() if self.link is not None else 0.0
+            copies, self._copies_done = self._copies_done, 0
             measured = LayerTiming(
                 l,
                 end - work.start,

@@ -43,7 +43,7 @@ class CopyJob:
     slot: int
     kind: str  # "fetch", "prefetch" or "preload"
     event: object = None  # the backend's completion handle (a CUDA event)
-    seconds: float = 0.0  # link time of the copy
+    seconds: float = 0.0  # the copy's own duration (the link's busy time: Link.take_busy)
 
     def __post_init__(self):
         # Released once issued (a plain lock: jobs are many, an Event costs far more to make).
@@ -352,6 +352,8 @@ class Link:
         self.fetches: deque[CopyJob] = deque()
         self.closed = False
         self.idle = 0  # threads waiting for work
+        # busy time: wall seconds with at least one copy in flight (under `lock`)
+        self.in_flight, self.busy_since, self.busy_seconds = 0, 0.0, 0.0
         self.error: BaseException | None = None
         self.threads = [
             threading.Thread(target=self._run, name=f"moespec-offload-link-{i}", daemon=True)
@@ -369,6 +371,9 @@ class Link:
             while not self.closed:
                 job = self.fetches.popleft() if self.fetches else self.pull()
                 if job is not None:
+                    if self.in_flight == 0:
+                        self.busy_since = time.perf_counter()
+                    self.in_flight += 1
                     return job
                 self.idle += 1  # idle: the executor wakes it when there is work
                 self.lock.wait()
@@ -382,12 +387,24 @@ class Link:
                 self.backend.copy(self.pool, job, self.store.layers[job.layer])
                 job.seconds = time.perf_counter() - start
                 with self.lock:
+                    self.in_flight -= 1
+                    if self.in_flight == 0:
+                        self.busy_seconds += time.perf_counter() - self.busy_since
                     self.arrived(job)
         except BaseException as error:  # surfaced by the executor instead of hanging it
             with self.lock:
                 self.error = self.error or error
                 self.closed = True
                 self.lock.notify_all()
+
+    def take_busy(self) -> float:
+        """The link's busy seconds since the last call (under `lock`): what its copies cost
+        it. Each read's own duration would count a second four times over with four reads in
+        flight, and price a copy at four times what it takes from the link."""
+        now = time.perf_counter()
+        seconds = self.busy_seconds + (now - self.busy_since if self.in_flight else 0.0)
+        self.busy_seconds, self.busy_since = 0.0, now
+        return seconds
 
     def close(self) -> None:
         with self.lock:
