@@ -32,7 +32,13 @@ routing:
 Accepted drafts: the trace's metadata, else rebuilt from the oracle's positional flags (seed,
 acceptance: the drafter's own draws) and checked against the measured steps and mean.
 Each arm is simulated --repeats times (the policy's decisions are timed on the clock) and the
-median taken. Per arm: measured and simulated tokens/s, their ratio, hit rates, bytes read per
+median taken. Where the result timed the engine's costs each round and ran every held arm
+once a round (--pairing rounds, the default), each round is fitted and simulated on its own
+costs and in-memory runs and compared with that round's run, and an arm's ratio is the median
+of its rounds' (`paired_row`): the costs and the arms of a round share its phase of the host,
+which moved a run's in-memory decode by 30-45% from round to round; --pairing pooled compares
+every arm's median run with the rounds' median costs, as results before it were compared.
+Per arm: measured and simulated tokens/s, their ratio, hit rates, bytes read per
 token, CPU experts per token, and pass or fail against +-tolerance; the calibration passes
 when every compared arm does. The GPU profiles (seed 003's setting) are simulated only then.
 """
@@ -58,22 +64,86 @@ def load_benchmark():
     return module
 
 
-def reference_token_seconds(data: dict, source: str) -> float:
+def reference_token_seconds(data: dict, source: str, round_index: int | None = None) -> float:
     """Seconds per decode token of the in-memory arm: the median of its runs over every
     routing source (the dense part and the one-row expert slots it times cost the same
     whatever the experts are, so each routing's runs are samples of one time; a result
-    whose in-memory rows predate the runs' list gives each row's median), else the one
-    reference run of `source` (a result with --skip-in-memory)."""
+    whose in-memory rows predate the runs' list gives each row's median), of round
+    `round_index` alone where given, else the one reference run of `source` (a result with
+    --skip-in-memory)."""
     import statistics
 
     rows = [row for key, row in data["results"].items() if key.startswith("in-memory|")]
     if rows:
-        rates = [r for row in rows for r in row.get("runs_tokens_per_second", [])] or [
+        runs = [row.get("runs_tokens_per_second", []) for row in rows]
+        if round_index is not None and all(len(r) > round_index for r in runs):
+            return 1 / statistics.median(r[round_index] for r in runs)
+        rates = [r for row_runs in runs for r in row_runs] or [
             row["tokens_per_second"] for row in rows
         ]
         return 1 / statistics.median(rates)
     reference = data["results"][f"reference|{source}"]
     return reference["decode_seconds"] / reference["decode_tokens"]
+
+
+def simulated(profile, policy_name, trace, prompt, settings, rejected, repeats) -> dict:
+    """The median of `repeats` simulations of one arm (the decisions are timed on the clock),
+    with every run's tokens/s."""
+    from moespec.offload import make_policy
+    from moespec.offload.sim.simulator import simulate
+
+    runs = []
+    for _ in range(repeats):
+        policy = make_policy(policy_name).fit(trace.first_tokens(prompt))
+        wrong = None if rejected is None else rejected[: trace.num_tokens]
+        runs.append(simulate(trace, policy, profile, settings, wrong))
+    runs.sort(key=lambda r: r.tokens_per_second)
+    return {**runs[len(runs) // 2].to_dict(), "runs": [r.tokens_per_second for r in runs]}
+
+
+def paired_row(row: dict, sims: list[dict], expert_bytes: int, tolerance: float) -> dict:
+    """One arm compared round by round: `sims[r]` (a simulation on round r's costs) against
+    the arm's run of round r. The ratio is the median of the rounds' ratios (judged against
+    the tolerance); the other figures are those of the round with the median ratio."""
+    from moespec.offload.sim.disk_tier import compare, within
+
+    measured = row["runs_tokens_per_second"]
+    if len(sims) != len(measured):
+        raise ValueError(f"{len(sims)} rounds simulated against {len(measured)} measured")
+    each = [
+        compare({**row, "tokens_per_second": m}, sim, expert_bytes, tolerance)
+        for m, sim in zip(measured, sims, strict=True)
+    ]
+    ratios = [c["ratio"] for c in each]
+    ratio = float(np.median(ratios))
+    simulated_rates = [c["simulated_tokens_per_second"] for c in each]
+    return {
+        "comparable": True,
+        **each[int(np.argsort(ratios)[len(ratios) // 2])],
+        "measured_tokens_per_second": row["tokens_per_second"],
+        "simulated_tokens_per_second": float(np.median(simulated_rates)),
+        "ratio": ratio,
+        "within": within(ratio, tolerance),
+        "pairing": "rounds",
+        "round_ratios": ratios,
+        "round_measured_tokens_per_second": list(measured),
+        "round_simulated_tokens_per_second": simulated_rates,
+    }
+
+
+def paired_rounds(data: dict, costs: dict, pairing: str) -> int:
+    """How many rounds to compare one by one (0: the rounds pooled). With --pairing rounds,
+    a result whose costs were timed each round (`by_round`) and whose every held arm ran
+    once a round is simulated round by round on that round's costs, each against that
+    round's run: the costs job and the arms share a round's phase of the host (its decode
+    moved 30-45% between rounds of one run), which pooling mixes."""
+    by_round = costs.get("by_round") or []
+    if pairing != "rounds" or len(by_round) < 2:
+        return 0
+    held = [r for r in data["results"].values() if r.get("memory_condition") == "held"]
+    if not held or any(len(r.get("runs_tokens_per_second", [])) != len(by_round) for r in held):
+        return 0
+    return len(by_round)
 
 
 def oracle_accepted(seed: int, acceptance: float, reference_tokens: int, k: int) -> list[int]:
@@ -294,6 +364,13 @@ def main(argv=None) -> int:
         help="time the engine's costs here even where the result timed its own",
     )
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument(
+        "--pairing",
+        choices=["rounds", "pooled"],
+        default="rounds",
+        help="each round's arms against that round's costs (where the result has them), or "
+        "every arm's median run against the rounds' median costs",
+    )
     parser.add_argument("--tolerance", type=float, default=0.2)
     parser.add_argument(
         "--seed-003-tokens",
@@ -311,9 +388,7 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
 
     from moespec.files import check_writable, write_json
-    from moespec.offload import make_policy
     from moespec.offload.sim import disk_tier as dt
-    from moespec.offload.sim.simulator import simulate
     from moespec.provenance import provenance
     from moespec.routing.shapes import get_shape
 
@@ -335,30 +410,38 @@ def main(argv=None) -> int:
     traces = traces_for(args, data, bench)
     prompt = data["prompt_tokens"]
     k = data["decoding"]["draft_length"]
-    fits, rows = {}, {}
+    # rounds paired only with the result's own costs (not --costs or --time-costs)
+    rounds = paired_rounds(data, costs, args.pairing) if costs is data.get("engine_costs") else 0
+
+    def fit(source: str, round_index: int | None):
+        """The disk profile of `source`'s in-memory time and the costs (one round's or all)."""
+        timed = costs if round_index is None else {**costs, **costs["by_round"][round_index]}
+        measurements = dt.DiskMeasurements(
+            probe=tuple(data["direct_read_bandwidth"]),
+            expert_bytes=stride,
+            num_layers=len(layers),
+            top_k=model["top_k"],
+            in_memory_token_seconds=reference_token_seconds(data, source, round_index),
+            slot_seconds=timed["slot_seconds"],
+            call_seconds=timed["call_seconds"],
+            checksum_seconds=timed["checksum_seconds"],
+            threads=settings["threads"],
+            dense_pass_seconds=tuple(tuple(x) for x in timed.get("dense_pass_seconds", ())),
+            slot_seconds_all_threads=timed.get("slot_seconds_all_threads", 0.0),
+        )
+        return dt.DiskProfileFit(compute_while_reading=engine["compute_while_reading"]).fit(
+            measurements
+        )
+
+    fits, round_fits, rows = {}, {}, {}
     for key, row in data["results"].items():
         if "slots" not in row or row.get("memory_condition") != "held":
             continue
         name, source = key.split("|")
         draft = name.endswith("+draft")
-        token_seconds = reference_token_seconds(data, source)
         if source not in fits:
-            measurements = dt.DiskMeasurements(
-                probe=tuple(data["direct_read_bandwidth"]),
-                expert_bytes=stride,
-                num_layers=len(layers),
-                top_k=model["top_k"],
-                in_memory_token_seconds=token_seconds,
-                slot_seconds=costs["slot_seconds"],
-                call_seconds=costs["call_seconds"],
-                checksum_seconds=costs["checksum_seconds"],
-                threads=settings["threads"],
-                dense_pass_seconds=tuple(tuple(x) for x in costs.get("dense_pass_seconds", ())),
-                slot_seconds_all_threads=costs.get("slot_seconds_all_threads", 0.0),
-            )
-            fits[source] = dt.DiskProfileFit(
-                compute_while_reading=engine["compute_while_reading"]
-            ).fit(measurements)
+            fits[source] = fit(source, None)
+            round_fits[source] = [fit(source, r) for r in range(rounds)]
         found = traces.get(source)
         if source == "model":
             found = (found or {}).get(name)
@@ -387,22 +470,29 @@ def main(argv=None) -> int:
             arm, slots=row["slots"], num_layers=len(layers), num_experts=experts,
             fit_tokens=prompt, seed=settings["seed"], rejected=rejected is not None,
         )  # fmt: skip
-        runs = []
-        for _ in range(args.repeats):
-            policy = make_policy(arm.policy).fit(trace.first_tokens(prompt))
-            wrong = None if rejected is None else rejected[: trace.num_tokens]
-            runs.append(simulate(trace, policy, fits[source].profile_, sim_settings, wrong))
-        runs.sort(key=lambda r: r.tokens_per_second)
-        middle = runs[len(runs) // 2].to_dict()
-        rows[key] = {
-            "comparable": True,
-            **dt.compare(row, middle, stride, args.tolerance),
-            "simulated_tokens_per_second_runs": [r.tokens_per_second for r in runs],
-            "simulated_layer_ms": middle["layer_ms"],
-        }
-        print(f"{key:>20}: measured {row['tokens_per_second']:.2f} tok/s, simulated "
-              f"{middle['tokens_per_second']:.2f} ({rows[key]['ratio']:.2f}x)",
-              file=sys.stderr)  # fmt: skip
+
+        case = (arm.policy, trace, prompt, sim_settings, rejected, args.repeats)
+        if rounds:  # each round's simulation against that round's run: the paired ratios
+            sims = [simulated(f.profile_, *case) for f in round_fits[source]]
+            rows[key] = paired_row(row, sims, stride, args.tolerance)
+            ratios, ratio = rows[key]["round_ratios"], rows[key]["ratio"]
+            print(
+                f"{key:>20}: simulated / measured per round "
+                f"{', '.join(f'{x:.2f}' for x in ratios)}: {ratio:.2f}x",
+                file=sys.stderr,
+            )
+        else:
+            middle = simulated(fits[source].profile_, *case)
+            rows[key] = {
+                "comparable": True,
+                **dt.compare(row, middle, stride, args.tolerance),
+                "pairing": "pooled",
+                "simulated_tokens_per_second_runs": middle["runs"],
+                "simulated_layer_ms": middle["layer_ms"],
+            }
+            print(f"{key:>20}: measured {row['tokens_per_second']:.2f} tok/s, simulated "
+                  f"{middle['tokens_per_second']:.2f} ({rows[key]['ratio']:.2f}x)",
+                  file=sys.stderr)  # fmt: skip
     verdict = dt.verdict(rows, args.tolerance)
     seed_003 = None
     if verdict["passed"] and args.seed_003_tokens > 0:
@@ -421,6 +511,8 @@ def main(argv=None) -> int:
                 "repeats": args.repeats,
                 "kernel_threads": args.kernel_threads,
                 "costs": costs_source(args, data),
+                "pairing": "rounds" if rounds else "pooled",
+                "rounds": rounds,
             },
             "engine": engine,
             "engine_costs": costs,
@@ -437,6 +529,19 @@ def main(argv=None) -> int:
                     "link_cpu_share": f.link_cpu_share_,
                 }
                 for s, f in fits.items()
+            },
+            "round_profiles": {
+                s: [
+                    {
+                        "dense_seconds": f.dense_seconds_,
+                        "dense_row_seconds": f.dense_row_seconds_,
+                        "in_memory_predicted_token_seconds": f.in_memory_predicted_,
+                        "in_memory_token_seconds": reference_token_seconds(data, s, r),
+                    }
+                    for r, f in enumerate(fs)
+                ]
+                for s, fs in round_fits.items()
+                if fs
             },
             "results": rows,
             "verdict": verdict,

@@ -292,3 +292,49 @@ def test_the_dense_time_pools_the_in_memory_runs_of_every_routing():
     assert sim.reference_token_seconds({"results": results}, "model") == pytest.approx(pooled)
     held = {"reference|model": results["reference|model"]}  # --skip-in-memory: the one run
     assert sim.reference_token_seconds({"results": held}, "model") == pytest.approx(0.1)
+
+
+def test_rounds_pair_only_where_every_held_arm_ran_once_a_round_beside_its_costs():
+    sim = _script("simulate_disk_tier")
+    costs = {"slot_seconds": 1e-4, "by_round": [{"slot_seconds": 1e-4}, {"slot_seconds": 2e-4}]}
+    held = {"memory_condition": "held", "runs_tokens_per_second": [4.0, 5.0]}
+    data = {"results": {"lru|replay": held, "in-memory|replay": {"runs_tokens_per_second": [9.0]}}}
+    assert sim.paired_rounds(data, costs, "rounds") == 2
+    assert sim.paired_rounds(data, costs, "pooled") == 0
+    assert sim.paired_rounds(data, {"slot_seconds": 1e-4}, "rounds") == 0  # costs pooled only
+    short = {
+        "results": {**data["results"], "static|replay": {**held, "runs_tokens_per_second": [4.0]}}
+    }
+    assert sim.paired_rounds(short, costs, "rounds") == 0  # an arm missing a round
+
+
+def test_a_rounds_in_memory_time_is_its_own_runs_median():
+    sim = _script("simulate_disk_tier")
+    results = {
+        "in-memory|model": {"runs_tokens_per_second": [10.0, 16.0, 12.0]},
+        "in-memory|replay": {"runs_tokens_per_second": [12.0, 14.0, 12.0]},
+    }
+    assert sim.reference_token_seconds({"results": results}, "model", 1) == pytest.approx(1 / 15)
+    assert sim.reference_token_seconds({"results": results}, "model", 2) == pytest.approx(1 / 12)
+    assert sim.reference_token_seconds({"results": results}, "model") == pytest.approx(1 / 12)
+
+
+def test_a_paired_arm_is_judged_by_the_median_of_its_rounds_ratios():
+    sim = _script("simulate_disk_tier")
+    row = {"tokens_per_second": 10.0, "runs_tokens_per_second": [8.0, 10.0, 14.0]}
+
+    def run(rate):  # a simulation's figures as compare() reads them
+        return {"tokens": 48, "tokens_per_second": rate, "bytes_copied": 0, "cpu_experts": 0,
+                "hit_rate": 1.0, "copy_wait_seconds": 0.0, "steps": 48}  # fmt: skip
+
+    # each round's simulation tracks its round (0.95-1.05), where the median rates (11.0
+    # against 10.0) or the pooled extremes would not
+    paired = sim.paired_row(row, [run(8.4), run(9.5), run(14.0)], 4096, 0.2)
+    assert paired["round_ratios"] == pytest.approx([1.05, 0.95, 1.0])
+    assert paired["ratio"] == pytest.approx(1.0) and paired["within"]
+    assert paired["simulated_tokens_per_second"] == pytest.approx(9.5)
+    assert paired["measured_tokens_per_second"] == 10.0 and paired["pairing"] == "rounds"
+    off = sim.paired_row(row, [run(5.0), run(7.0), run(14.0)], 4096, 0.2)  # 0.625, 0.7, 1.0
+    assert off["ratio"] == pytest.approx(0.7) and not off["within"]
+    with pytest.raises(ValueError, match="2 rounds simulated against 3"):
+        sim.paired_row(row, [run(8.0), run(10.0)], 4096, 0.2)
