@@ -36,7 +36,7 @@ median taken. Where the result timed the engine's costs each round and ran every
 once a round (--pairing rounds, the default), each round is fitted and simulated on its own
 costs and in-memory runs and compared with that round's run, and an arm's ratio is the median
 of its rounds' (`paired_row`): the costs and the arms of a round share its phase of the host,
-which moved a run's in-memory decode by 30-45% from round to round; --pairing pooled compares
+which moved a run's in-memory decode by up to 46% from round to round; --pairing pooled compares
 every arm's median run with the rounds' median costs, as results before it were compared.
 Per arm: measured and simulated tokens/s, their ratio, hit rates, bytes read per
 token, CPU experts per token, and pass or fail against +-tolerance; the calibration passes
@@ -136,7 +136,7 @@ def paired_rounds(data: dict, costs: dict, pairing: str) -> int:
     a result whose costs were timed each round (`by_round`) and whose every held arm ran
     once a round is simulated round by round on that round's costs, each against that
     round's run: the costs job and the arms share a round's phase of the host (its decode
-    moved 30-45% between rounds of one run), which pooling mixes."""
+    moved up to 46% between rounds of one run), which pooling mixes."""
     by_round = costs.get("by_round") or []
     if pairing != "rounds" or len(by_round) < 2:
         return 0
